@@ -1,0 +1,260 @@
+"""The workspace tooling (tools/ws.py) on a small stand-in for the vLLM sdist.
+
+Each test builds its own project root in a temporary folder: a base.lock that
+pins a tiny sdist tarball in .cache/dist, and a patches/ folder. No network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+import ws
+
+ORIGINAL = "def answer():\n    return 41\n\n\ndef other():\n    return 0\n"
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=repo, check=True, capture_output=True, text=True
+    ).stdout
+
+
+def make_sdist(path: Path, files: dict[str, str]) -> str:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"vllm-9.9.9/{name}")
+            info.size = len(data)
+            info.mtime = 0
+            tar.addfile(info, io.BytesIO(data))
+    path.write_bytes(buf.getvalue())
+    return hashlib.sha256(buf.getvalue()).hexdigest()
+
+
+@pytest.fixture
+def workspace(tmp_path: Path, monkeypatch) -> ws.Workspace:
+    for key, value in {
+        "GIT_AUTHOR_NAME": "Dev",
+        "GIT_AUTHOR_EMAIL": "dev@example.invalid",
+        "GIT_COMMITTER_NAME": "Dev",
+        "GIT_COMMITTER_EMAIL": "dev@example.invalid",
+    }.items():
+        monkeypatch.setenv(key, value)
+    root = tmp_path / "project"
+    dist = root / ".cache" / "dist"
+    dist.mkdir(parents=True)
+    digest = make_sdist(
+        dist / "vllm-9.9.9.tar.gz",
+        {
+            "vllm/core.py": ORIGINAL,
+            "README.md": "stand-in\n",
+            ".gitignore": "*.egg-info/\n",
+            "vllm.egg-info/PKG-INFO": "Name: vllm\n",
+        },
+    )
+    wheel = dist / "vllm-9.9.9-py3-none-any.whl"
+    wheel.write_bytes(b"wheel")
+    (root / "base.lock").write_text(
+        "version = 9.9.9\n"
+        f"sdist = vllm-9.9.9.tar.gz {digest}\n"
+        f"wheel = {wheel.name} {hashlib.sha256(b'wheel').hexdigest()}\n"
+    )
+    (root / "patches").mkdir()
+    return ws.Workspace(root)
+
+
+def commit_change(tree: Path, old: str, new: str, subject: str) -> None:
+    path = tree / "vllm" / "core.py"
+    path.write_text(path.read_text().replace(old, new))
+    git(tree, "commit", "-q", "-a", "-s", "-m", f"{subject}\n\nBecause tests.")
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_corrupted_cache_file_is_named_with_both_hashes(workspace):
+    lock = workspace.lock()
+    sdist = workspace.dist / lock.sdist.name
+    sdist.write_bytes(sdist.read_bytes()[:-1] + b"x")
+    actual = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    with pytest.raises(ws.WsError) as err:
+        workspace.fetch()  # never downloads: the cached file is checked first
+    msg = str(err.value)
+    assert str(sdist) in msg
+    assert lock.sdist.sha256 in msg and actual in msg
+    assert "make fetch" in msg
+    # The tree is never built from it either.
+    with pytest.raises(ws.WsError, match="sha256 mismatch"):
+        workspace.make_tree()
+    assert not workspace.tree.exists()
+
+
+def test_verified_cache_downloads_nothing(workspace, monkeypatch):
+    def no_download(*args, **kwargs):
+        raise AssertionError("downloaded although the cache was verified")
+
+    monkeypatch.setattr(workspace, "_pip_download", no_download)
+    workspace.fetch()
+
+
+def test_tree_has_pristine_tagged_commit(workspace):
+    workspace.make_tree()
+    tree = workspace.tree
+    assert git(tree, "rev-list", "--count", "HEAD").strip() == "1"
+    assert git(tree, "rev-parse", "upstream-v9.9.9").strip() == git(tree, "rev-parse", "HEAD").strip()
+    assert (tree / "vllm" / "core.py").read_text() == ORIGINAL
+    # Packaging metadata stays on disk but out of history, as upstream tracks it.
+    assert (tree / "vllm.egg-info" / "PKG-INFO").exists()
+    assert "vllm.egg-info" not in git(tree, "ls-files")
+    assert git(tree, "status", "--porcelain") == ""
+
+
+def test_round_trip_tree_export_is_stable(workspace):
+    workspace.make_tree()
+    commit_change(workspace.tree, "return 41", "return 42", "[Core] Fix the answer")
+    commit_change(workspace.tree, "return 0", "return 1", "[Core] Fix the other")
+    workspace.export()
+    series = workspace.series()
+    assert series == ["0001-Core-Fix-the-answer.patch", "0002-Core-Fix-the-other.patch"]
+    text = (workspace.patches / series[0]).read_text()
+    assert "Subject: [PATCH] [Core] Fix the answer" in text
+    assert "Signed-off-by: Dev <dev@example.invalid>" in text
+    assert text.startswith("From 0000000000000000000000000000000000000000 ")
+    exported = snapshot(workspace.patches)
+
+    # Export again: nothing changes.
+    workspace.export()
+    assert snapshot(workspace.patches) == exported
+    # Tree again: up to date, nothing changes.
+    workspace.make_tree()
+    workspace.export()
+    assert snapshot(workspace.patches) == exported
+
+    # From scratch on another machine: same content, same patches.
+    head_tree = git(workspace.tree, "rev-parse", "HEAD^{tree}")
+    subprocess.run(["rm", "-rf", str(workspace.tree)], check=True)
+    workspace.make_tree()
+    assert git(workspace.tree, "rev-parse", "HEAD^{tree}") == head_tree
+    workspace.export()
+    assert snapshot(workspace.patches) == exported
+
+
+def test_tree_follows_series_changes_in_place(workspace):
+    workspace.make_tree()
+    commit_change(workspace.tree, "return 41", "return 42", "[Core] Fix the answer")
+    commit_change(workspace.tree, "return 0", "return 1", "[Core] Fix the other")
+    workspace.export()
+    # The tree falls behind patches/ (e.g. a pull brought the second patch).
+    git(workspace.tree, "reset", "-q", "--hard", "HEAD~1")
+    # Build output (ignored by the tree's .gitignore) survives the rebuild.
+    (workspace.tree / "vllm.egg-info" / "built").write_text("keep me")
+    workspace.make_tree()
+    assert git(workspace.tree, "rev-list", "--count", "upstream-v9.9.9..HEAD").strip() == "2"
+    assert "return 1" in (workspace.tree / "vllm" / "core.py").read_text()
+    assert (workspace.tree / "vllm.egg-info" / "built").read_text() == "keep me"
+
+
+def test_refuses_to_clobber_uncommitted_changes(workspace):
+    workspace.make_tree()
+    core = workspace.tree / "vllm" / "core.py"
+    core.write_text("work in progress\n")
+    with pytest.raises(ws.WsError) as err:
+        workspace.make_tree()
+    assert "uncommitted changes" in str(err.value)
+    assert "vllm/core.py" in str(err.value)
+    assert "make export" in str(err.value)
+    assert core.read_text() == "work in progress\n"
+
+
+def test_refuses_to_clobber_untracked_files(workspace):
+    workspace.make_tree()
+    new = workspace.tree / "vllm" / "new_module.py"
+    new.write_text("x = 1\n")
+    with pytest.raises(ws.WsError, match="new_module.py"):
+        workspace.make_tree()
+    assert new.exists()
+
+
+def test_refuses_to_clobber_unexported_commits(workspace):
+    workspace.make_tree()
+    commit_change(workspace.tree, "return 41", "return 42", "[Core] Fix the answer")
+    head = git(workspace.tree, "rev-parse", "HEAD")
+    (workspace.patches / "series").write_text("")
+    with pytest.raises(ws.WsError) as err:
+        workspace.make_tree()
+    msg = str(err.value)
+    assert "not in patches/" in msg and "Fix-the-answer" in msg
+    assert "make export" in msg
+    assert git(workspace.tree, "rev-parse", "HEAD") == head
+
+
+def test_reworded_commit_counts_as_unexported(workspace):
+    workspace.make_tree()
+    commit_change(workspace.tree, "return 41", "return 42", "[Core] Fix the answer")
+    workspace.export()
+    git(workspace.tree, "commit", "-q", "--amend", "-s", "-m", "[Core] Better words")
+    with pytest.raises(ws.WsError, match="not in patches/"):
+        workspace.make_tree()
+
+
+def test_export_requires_signoff(workspace):
+    workspace.make_tree()
+    core = workspace.tree / "vllm" / "core.py"
+    core.write_text(ORIGINAL.replace("41", "42"))
+    git(workspace.tree, "commit", "-q", "-a", "-m", "No sign-off")
+    with pytest.raises(ws.WsError, match="Signed-off-by"):
+        workspace.export()
+    assert workspace.series() == []
+
+
+def test_tampered_patch_names_patch_and_hunk(workspace):
+    workspace.make_tree()
+    commit_change(workspace.tree, "return 0", "return 1", "[Core] Fix the other")
+    workspace.export()
+    name = workspace.series()[0]
+    patch = workspace.patches / name
+    patch.write_text(patch.read_text().replace("-    return 0", "-    return 7"))
+    with pytest.raises(ws.WsError) as err:
+        workspace.check_series()
+    msg = str(err.value)
+    assert f"patches/{name} does not apply" in msg
+    assert "vllm/core.py" in msg and "@@ -3,4 +3,4 @@" in msg
+    # The check left the tree alone.
+    assert git(workspace.tree, "status", "--porcelain") == ""
+    assert "return 1" in (workspace.tree / "vllm" / "core.py").read_text()
+
+
+def test_make_tree_with_a_patch_that_no_longer_applies_keeps_the_tree(workspace):
+    workspace.make_tree()
+    commit_change(workspace.tree, "return 0", "return 1", "[Core] Fix the other")
+    workspace.export()
+    first = workspace.series()[0]
+    head = git(workspace.tree, "rev-parse", "HEAD")
+    # A second patch, written against another version of the file.
+    bad = (workspace.patches / first).read_text().replace("-    return 0", "-    return 5")
+    (workspace.patches / "0002-other.patch").write_text(bad)
+    (workspace.patches / "series").write_text(f"{first}\n0002-other.patch\n")
+    with pytest.raises(ws.WsError, match="patches/0002-other.patch does not apply"):
+        workspace.make_tree()
+    assert git(workspace.tree, "rev-parse", "HEAD") == head
+    assert git(workspace.tree, "status", "--porcelain") == ""
+
+
+def test_touched_files(workspace):
+    workspace.make_tree()
+    commit_change(workspace.tree, "return 0", "return 1", "[Core] Fix the other")
+    workspace.export()
+    assert workspace.touched_files() == ["vllm/core.py"]
+
+
+def test_lock_rejects_bad_hash(workspace):
+    workspace.lock_file.write_text("version = 1\nsdist = a.tar.gz xyz\nwheel = b.whl 00\n")
+    with pytest.raises(ws.WsError, match="not hex"):
+        workspace.lock()

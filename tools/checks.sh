@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The checks behind `make test` (and `make lint`, `make upstream-tests`,
+# `make project-tests`). Runs every stage, prints a summary, exits non-zero if
+# any stage failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+TREE=$ROOT/build/vllm
+PY=$ROOT/.venv/bin/python
+source tools/testenv.sh
+"$PY" tools/hf_cache.py >/dev/null || exit 1
+
+declare -a RESULTS=()
+status=0
+record() {  # name rc
+  if [ "$2" -eq 0 ]; then RESULTS+=("PASS  $1"); else RESULTS+=("FAIL  $1"); status=1; fi
+}
+
+stage_series() {
+  echo "=== every patch applies in order to the pristine base"
+  "$PY" tools/ws.py check-series
+}
+
+stage_lint() {
+  echo "=== vLLM's ruff check, ruff format --check and mypy on the files the series touches"
+  mapfile -t files < <("$PY" tools/ws.py touched | grep -E '\.pyi?$' | while read -r f; do
+    [ -f "$TREE/$f" ] && echo "$f"; done)
+  if [ "${#files[@]}" -eq 0 ]; then
+    echo "the series touches no Python files: nothing to lint"
+    return 0
+  fi
+  printf '  %s\n' "${files[@]}"
+  local rc=0
+  (cd "$TREE" && ruff check "${files[@]}") || rc=1
+  (cd "$TREE" && ruff format --check "${files[@]}") || rc=1
+  # vLLM's own pre-commit mypy hook (default stage: Python 3.10).
+  (cd "$TREE" && "$PY" tools/pre_commit/mypy.py 3.10 "${files[@]}") || rc=1
+  return $rc
+}
+
+stage_upstream_tests() {
+  echo "=== vLLM's own suites in the patched tree (testenv/upstream-suites.txt)"
+  mapfile -t suites < <(grep -v '^\s*#' testenv/upstream-suites.txt | awk 'NF {print $1}')
+  mapfile -t deselect < <("$PY" tools/deselected.py --args)
+  (cd "$TREE" && "$PY" -m pytest -p no:cacheprovider -q -rfE --timeout=900 \
+     "${deselect[@]}" "${suites[@]}")
+}
+
+stage_project_tests() {
+  echo "=== the project's own tests (tests/)"
+  "$PY" -m pytest -p no:cacheprovider -q -rfE tests
+}
+
+run_stage() {  # name function
+  "$2"; record "$1" $?
+}
+
+case "${1:-all}" in
+  lint) run_stage lint stage_lint ;;
+  upstream-tests) run_stage "vLLM suites" stage_upstream_tests ;;
+  project-tests) run_stage "project tests" stage_project_tests ;;
+  all)
+    run_stage "series applies" stage_series
+    run_stage lint stage_lint
+    run_stage "vLLM suites" stage_upstream_tests
+    run_stage "project tests" stage_project_tests
+    ;;
+  *) echo "usage: $0 [all|lint|upstream-tests|project-tests]" >&2; exit 2 ;;
+esac
+
+echo "=== summary"
+printf '%s\n' "${RESULTS[@]}"
+exit $status

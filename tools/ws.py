@@ -1,0 +1,542 @@
+#!/usr/bin/env python3
+"""The workspace: pinned vLLM base + patch series -> patched, installed vLLM.
+
+One obvious path, each step idempotent:
+
+    setup   .venv with vllm==<base> and its dependencies, plus the dev tools
+    fetch   the base's sdist and wheel, downloaded with pip and verified
+    tree    build/vllm: pristine sdist commit (tag upstream-v<base>) + git am
+    install the tree into .venv (vLLM's python-only precompiled install)
+    export  build/vllm history -> patches/*.patch + patches/series
+    check-series   every patch applies in order to the pristine base
+    lint    vLLM's ruff / ruff format / mypy on the files the series touches
+    pytest  run pytest in the tree with the CPU test environment
+
+Only the standard library is used, so this runs before .venv exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Pinned so that the exported patches do not depend on anyone's git config.
+FORMAT_PATCH_CONFIG = [
+    "-c", "diff.noprefix=false",
+    "-c", "diff.mnemonicPrefix=false",
+    "-c", "diff.algorithm=myers",
+    "-c", "diff.renames=true",
+    "-c", "diff.suppressBlankEmpty=false",
+    "-c", "format.signature=",
+    "-c", "format.headers=",
+    "-c", "format.numbered=false",
+    "-c", "core.quotePath=true",
+]  # fmt: skip
+FORMAT_PATCH_ARGS = ["--zero-commit", "--full-index", "--no-signature", "-N"]
+# Committer identity for commits the tooling makes itself (the pristine base
+# and `git am`); authors of patches are kept from the patch files.
+TOOL_IDENTITY = {
+    "GIT_COMMITTER_NAME": "vLLM KV TP series tooling",
+    "GIT_COMMITTER_EMAIL": "tooling@vllm-kv-tp.invalid",
+    "GIT_AUTHOR_NAME": "vLLM KV TP series tooling",
+    "GIT_AUTHOR_EMAIL": "tooling@vllm-kv-tp.invalid",
+}
+# A fixed date keeps the pristine commit's id the same on every machine.
+PRISTINE_DATE = "2000-01-01T00:00:00+0000"
+
+
+class WsError(Exception):
+    """An error the user can act on; printed without a traceback."""
+
+
+@dataclass(frozen=True)
+class Artifact:
+    name: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Lock:
+    version: str
+    sdist: Artifact
+    wheel: Artifact
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def run(cmd, cwd=None, env=None, check=True, capture=False, quiet=False):
+    if not quiet:
+        print("+", " ".join(str(c) for c in cmd), flush=True)
+    full_env = None if env is None else {**os.environ, **env}
+    res = subprocess.run(
+        [str(c) for c in cmd],
+        cwd=cwd,
+        env=full_env,
+        text=True,
+        capture_output=capture,
+    )
+    if check and res.returncode != 0:
+        out = (res.stdout or "") + (res.stderr or "") if capture else ""
+        raise WsError(f"command failed ({res.returncode}): {' '.join(map(str, cmd))}\n{out}")
+    return res
+
+
+class Workspace:
+    def __init__(self, root: Path = ROOT):
+        self.root = root
+        self.lock_file = root / "base.lock"
+        self.venv = root / ".venv"
+        self.python = self.venv / "bin" / "python"
+        self.dist = root / ".cache" / "dist"
+        self.tree = root / "build" / "vllm"
+        self.patches = root / "patches"
+        self.series_file = self.patches / "series"
+
+    # ------------------------------------------------------------------ lock
+    def lock(self) -> Lock:
+        fields: dict[str, str] = {}
+        for lineno, line in enumerate(self.lock_file.read_text().splitlines(), 1):
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            key, sep, value = line.partition("=")
+            if not sep:
+                raise WsError(f"{self.lock_file}:{lineno}: expected 'key = value'")
+            fields[key.strip()] = value.strip()
+
+        def artifact(key: str) -> Artifact:
+            try:
+                name, digest = fields[key].split()
+            except (KeyError, ValueError):
+                raise WsError(
+                    f"{self.lock_file}: '{key} = <file name> <sha256>' is missing"
+                ) from None
+            if not re.fullmatch(r"[0-9a-f]{64}", digest):
+                raise WsError(f"{self.lock_file}: {key} sha256 {digest!r} is not hex")
+            return Artifact(name, digest)
+
+        if "version" not in fields:
+            raise WsError(f"{self.lock_file}: 'version = ...' is missing")
+        return Lock(fields["version"], artifact("sdist"), artifact("wheel"))
+
+    @property
+    def tag(self) -> str:
+        return f"upstream-v{self.lock().version}"
+
+    def verify(self, path: Path, expected: str) -> None:
+        actual = sha256_of(path)
+        if actual != expected:
+            raise WsError(
+                f"sha256 mismatch for {path}\n"
+                f"  expected {expected} (base.lock)\n"
+                f"  actual   {actual}\n"
+                f"The file is corrupted or is not the pinned artifact; it was not "
+                f"used. Delete it and run `make fetch` to download it again."
+            )
+
+    def artifact_path(self, art: Artifact) -> Path:
+        """Path of a verified cached artifact (error if missing or bad)."""
+        path = self.dist / art.name
+        if not path.exists():
+            raise WsError(f"{path} is missing: run `make fetch`")
+        self.verify(path, art.sha256)
+        return path
+
+    # ----------------------------------------------------------------- setup
+    def setup(self) -> None:
+        lock = self.lock()
+        reqs = self.root / "requirements" / "dev.txt"
+        key = hashlib.sha256(
+            (lock.version + "\n" + reqs.read_text() + SETUP_RECIPE).encode()
+        ).hexdigest()
+        stamp = self.venv / ".ws-setup"
+        if stamp.exists() and stamp.read_text() == key:
+            print(f".venv is up to date (vllm=={lock.version} + {reqs.name})")
+            return
+        if not self.python.exists():
+            run([sys.executable, "-m", "venv", self.venv])
+        pip = [self.python, "-m", "pip"]
+        run([*pip, "install", "--upgrade", "pip"])
+        run([*pip, "install", f"vllm=={lock.version}", "-r", reqs])
+        # vLLM's CUDA requirements pull torchvision, torchaudio and torchcodec.
+        # Next to the CPU build of torch they fail at import ("operator
+        # torchvision::nms does not exist", "Could not load ... _torchaudio"),
+        # and transformers imports them whenever they are installed, which
+        # breaks `import vllm`. Nothing this project tests uses them.
+        run([*pip, "uninstall", "-y", "torchvision", "torchaudio", "torchcodec"])
+        stamp.write_text(key)
+
+    # ----------------------------------------------------------------- fetch
+    def fetch(self) -> None:
+        lock = self.lock()
+        self.dist.mkdir(parents=True, exist_ok=True)
+        for kind, art in (("wheel", lock.wheel), ("sdist", lock.sdist)):
+            dest = self.dist / art.name
+            if dest.exists():
+                self.verify(dest, art.sha256)
+                print(f"{dest.relative_to(self.root)}: verified, nothing to download")
+                continue
+            with tempfile.TemporaryDirectory(dir=self.dist) as tmp:
+                self._pip_download(kind, lock.version, Path(tmp))
+                got = Path(tmp) / art.name
+                if not got.exists():
+                    names = ", ".join(p.name for p in Path(tmp).iterdir()) or "nothing"
+                    raise WsError(
+                        f"pip downloaded {names} for the {kind} of vllm=="
+                        f"{lock.version}, but base.lock pins {art.name}"
+                    )
+                self.verify(got, art.sha256)
+                got.rename(dest)
+                print(f"{dest.relative_to(self.root)}: downloaded and verified")
+
+    def _pip_download(self, kind: str, version: str, dest: Path) -> None:
+        if not self.python.exists():
+            raise WsError(".venv is missing: run `make setup` first")
+        cmd = [self.python, "-m", "pip", "download", "--no-deps", "-d", dest]
+        env = None
+        if kind == "wheel":
+            cmd += ["--only-binary", ":all:"]
+        else:
+            # pip prepares the sdist's metadata by running vLLM's setup.py. It
+            # needs the build requirements (requirements/dev.txt) installed
+            # next to torch, no build isolation, an empty target device, and
+            # the version override (else the metadata says 0.30.0+empty and
+            # pip discards the file).
+            cmd += ["--no-binary", ":all:", "--no-build-isolation"]
+            env = {"VLLM_VERSION_OVERRIDE": version, "VLLM_TARGET_DEVICE": "empty"}
+        run([*cmd, f"vllm=={version}"], env=env)
+
+    # ------------------------------------------------------------------ tree
+    def git(self, *args, cwd=None, capture=True, check=True, env=None):
+        res = run(
+            ["git", *args],
+            cwd=cwd or self.tree,
+            capture=capture,
+            check=check,
+            quiet=capture,
+            env={**TOOL_IDENTITY_IF_UNSET(), **(env or {})},
+        )
+        return res.stdout if capture else ""
+
+    def series(self) -> list[str]:
+        if not self.series_file.exists():
+            return []
+        names = []
+        for line in self.series_file.read_text().splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line:
+                if not (self.patches / line).exists():
+                    raise WsError(f"{self.series_file} lists {line}, which is missing")
+                names.append(line)
+        return names
+
+    def formatted_tree_patches(self, tmp: Path) -> list[Path]:
+        """The tree's commits since the base, formatted exactly as export would."""
+        out = self.git(
+            *FORMAT_PATCH_CONFIG,
+            "format-patch",
+            *FORMAT_PATCH_ARGS,
+            "-o",
+            str(tmp),
+            f"{self.tag}..HEAD",
+        )
+        return [Path(p) for p in out.splitlines() if p.strip()]
+
+    def check_no_unexported_work(self) -> None:
+        """Refuse to go on when the tree holds work that patches/ lacks."""
+        t = self.tree
+        if (t / ".git" / "rebase-apply").exists() or (t / ".git" / "rebase-merge").exists():
+            raise WsError(
+                f"{t}: a `git am` or rebase is in progress. Finish it "
+                f"(`git -C {t} am --continue`) or abort it (`git -C {t} am --abort`)."
+            )
+        dirty = self.git("status", "--porcelain")
+        if dirty.strip():
+            raise WsError(
+                f"{t} has uncommitted changes:\n{dirty}"
+                f"Nothing was changed. Commit them in the tree and run `make export` "
+                f"(then commit patches/ in this repo), or discard them with "
+                f"`git -C {t} stash`."
+            )
+        if not self.git("tag", "-l", self.tag).strip():
+            raise WsError(
+                f"{t} has no tag {self.tag}: it was built from another base. "
+                f"Export what you need from it, then move it away and run `make tree`."
+            )
+        known = {(self.patches / n).read_bytes() for n in self.series()}
+        with tempfile.TemporaryDirectory() as tmp:
+            lost = [p for p in self.formatted_tree_patches(Path(tmp)) if p.read_bytes() not in known]
+            if lost:
+                subjects = "\n".join(f"  {p.name}" for p in lost)
+                raise WsError(
+                    f"{t} has commits that are not in patches/:\n{subjects}\n"
+                    f"Nothing was changed. Run `make export` and commit patches/ to "
+                    f"keep them, or drop them with `git -C {t} reset --hard {self.tag}`."
+                )
+
+    def in_sync(self) -> bool:
+        want = [(self.patches / n).read_bytes() for n in self.series()]
+        with tempfile.TemporaryDirectory() as tmp:
+            have = [p.read_bytes() for p in self.formatted_tree_patches(Path(tmp))]
+        return have == want
+
+    def make_tree(self) -> None:
+        lock = self.lock()
+        if (self.tree / ".git").exists():
+            self.check_no_unexported_work()
+            if self.in_sync():
+                print(f"{self.tree.relative_to(self.root)} is up to date with patches/series")
+                return
+            old = self.git("rev-parse", "HEAD").strip()
+            self.git("checkout", "-q", "-B", "main", self.tag)
+            try:
+                self.apply_series(self.tree)
+            except WsError:
+                self.git("reset", "-q", "--hard", old)
+                raise
+            print(f"{self.tree.relative_to(self.root)}: rebuilt from {self.tag} + patches/series")
+            return
+        if self.tree.exists() and any(self.tree.iterdir()):
+            raise WsError(f"{self.tree} exists but is not a git tree; move it away first")
+        sdist = self.artifact_path(lock.sdist)
+        staging = Path(tempfile.mkdtemp(dir=self.tree.parent if self.tree.parent.exists() else None))
+        try:
+            self._extract_sdist(sdist, staging)
+            self.git("init", "-q", "-b", "main", cwd=staging)
+            # Tracked as vLLM's own repository tracks it: its .gitignore keeps
+            # packaging output (PKG-INFO, *.egg-info) and build products out of
+            # history. Those files stay on disk beside the tracked ones.
+            self.git("add", "-A", cwd=staging)
+            self.git(
+                "commit", "-q", "--no-verify", "-m",
+                f"vLLM {lock.version} (pristine sdist {lock.sdist.name})\n\n"
+                f"sha256 {lock.sdist.sha256}",
+                cwd=staging,
+                env={"GIT_AUTHOR_DATE": PRISTINE_DATE, "GIT_COMMITTER_DATE": PRISTINE_DATE,
+                     **TOOL_IDENTITY},
+            )  # fmt: skip
+            self.git("tag", self.tag, cwd=staging)
+            self.apply_series(staging)
+            self.tree.parent.mkdir(parents=True, exist_ok=True)
+            if self.tree.exists():
+                self.tree.rmdir()
+            staging.rename(self.tree)
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging)
+        print(f"{self.tree.relative_to(self.root)}: {self.tag} + {len(self.series())} patches")
+
+    def _extract_sdist(self, sdist: Path, dest: Path) -> None:
+        with tarfile.open(sdist) as tar:
+            members = tar.getmembers()
+            top = {m.name.split("/", 1)[0] for m in members}
+            if len(top) != 1:
+                raise WsError(f"{sdist}: expected one top-level folder, found {sorted(top)}")
+            for m in members:
+                m.name = m.name.split("/", 1)[1] if "/" in m.name else ""
+            tar.extractall(dest, members=[m for m in members if m.name], filter="data")
+
+    def apply_series(self, repo: Path) -> None:
+        """git am every patch of the series in order; name the one that fails."""
+        for name in self.series():
+            patch = self.patches / name
+            res = run(
+                ["git", "am", "--keep-cr", "--keep-non-patch", str(patch)],
+                cwd=repo,
+                capture=True,
+                check=False,
+                quiet=True,
+                env=TOOL_IDENTITY_IF_UNSET(),
+            )
+            if res.returncode != 0:
+                run(["git", "am", "--abort"], cwd=repo, check=False, capture=True, quiet=True)
+                raise WsError(
+                    f"patches/{name} does not apply to {self.tag} + the patches "
+                    f"before it in patches/series.\n"
+                    + describe_failed_hunks(patch, res.stdout + res.stderr)
+                    + "\nRebase it: fix the patch in build/vllm and `make export`."
+                )
+
+    # ---------------------------------------------------------------- export
+    def export(self) -> None:
+        if not (self.tree / ".git").exists():
+            raise WsError(f"{self.tree} does not exist: run `make tree` first")
+        dirty = self.git("status", "--porcelain")
+        if dirty.strip():
+            raise WsError(
+                f"{self.tree} has uncommitted changes; commit them first:\n{dirty}"
+            )
+        self.patches.mkdir(exist_ok=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            new = self.formatted_tree_patches(Path(tmp))
+            for p in new:
+                if not _message_has_signoff(p.read_text(errors="replace")):
+                    raise WsError(
+                        f"commit {p.name} has no Signed-off-by: line; amend it "
+                        f"with `git commit --amend -s` in the tree, then export."
+                    )
+            names = [p.name for p in new]
+            for old in self.patches.glob("*.patch"):
+                if old.name not in names:
+                    old.unlink()
+                    print(f"removed patches/{old.name}")
+            for p in new:
+                dest = self.patches / p.name
+                if not dest.exists() or dest.read_bytes() != p.read_bytes():
+                    shutil.copyfile(p, dest)
+                    print(f"wrote patches/{p.name}")
+        series = "".join(f"{n}\n" for n in names)
+        if not self.series_file.exists() or self.series_file.read_text() != series:
+            self.series_file.write_text(series)
+            print("wrote patches/series")
+        print(f"patches/: {len(names)} patches, in sync with {self.tree.relative_to(self.root)}")
+
+    # ---------------------------------------------------------- check-series
+    def check_series(self) -> None:
+        """Apply the series to a fresh checkout of the pristine base."""
+        if not (self.tree / ".git").exists():
+            raise WsError(f"{self.tree} does not exist: run `make tree` first")
+        with tempfile.TemporaryDirectory() as tmp:
+            wt = Path(tmp) / "check"
+            self.git("worktree", "add", "-q", "--detach", str(wt), self.tag)
+            try:
+                self.apply_series(wt)
+            finally:
+                self.git("worktree", "remove", "--force", str(wt), check=False)
+        print(f"all {len(self.series())} patches apply in order to {self.tag}")
+
+    def touched_files(self) -> list[str]:
+        files: list[str] = []
+        for name in self.series():
+            for line in (self.patches / name).read_text(errors="replace").splitlines():
+                m = re.match(r"^\+\+\+ b/(.+)$", line)
+                if m and m.group(1) not in files:
+                    files.append(m.group(1))
+        return files
+
+    # --------------------------------------------------------------- install
+    def install(self) -> None:
+        lock = self.lock()
+        wheel = self.artifact_path(lock.wheel)
+        with zipfile.ZipFile(wheel) as zf:
+            libs = [n for n in zf.namelist() if n.startswith("vllm/") and n.endswith(".so")]
+        missing = [n for n in libs if not (self.tree / n).exists()]
+        origin = run(
+            [self.python, "-c",
+             "import importlib.util as u; print(u.find_spec('vllm').origin)"],
+            capture=True, quiet=True,
+        ).stdout.strip()  # fmt: skip
+        if not missing and Path(origin) == self.tree / "vllm" / "__init__.py":
+            print(f"vllm in .venv is {self.tree.relative_to(self.root)} with upstream's compiled extensions")
+            return
+        # vLLM's documented python-only developer install: copies the compiled
+        # extensions out of the verified upstream wheel, installs the tree
+        # editable. Dependencies came from `make setup`.
+        run(
+            [self.python, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-e", "."],
+            cwd=self.tree,
+            env={
+                "VLLM_USE_PRECOMPILED": "1",
+                "VLLM_PRECOMPILED_WHEEL_LOCATION": str(wheel),
+                "VLLM_VERSION_OVERRIDE": lock.version,
+            },
+        )
+        missing = [n for n in libs if not (self.tree / n).exists()]
+        if missing:
+            raise WsError(f"the precompiled install left out {', '.join(missing)}")
+
+
+SETUP_RECIPE = "v1: pip install vllm + requirements/dev.txt; uninstall torchvision torchaudio torchcodec"
+
+
+def TOOL_IDENTITY_IF_UNSET() -> dict[str, str]:
+    """Committer identity for git, unless the user configured one."""
+    res = subprocess.run(["git", "config", "user.email"], capture_output=True, text=True)
+    if res.returncode == 0 and res.stdout.strip():
+        return {}
+    return {k: v for k, v in TOOL_IDENTITY.items() if k.startswith("GIT_COMMITTER")}
+
+
+def _message_has_signoff(patch_text: str) -> bool:
+    head = patch_text.split("\n---\n", 1)[0]
+    return bool(re.search(r"^Signed-off-by: .+ <.+>$", head, re.M))
+
+
+def describe_failed_hunks(patch: Path, git_output: str) -> str:
+    """Turn git am's 'patch failed: FILE:LINE' into the hunks of the patch."""
+    text = patch.read_text(errors="replace")
+    lines = []
+    for m in re.finditer(r"patch failed: (.+):(\d+)", git_output):
+        path, start = m.group(1), int(m.group(2))
+        hunk = _find_hunk(text, path, start)
+        lines.append(f"  failed hunk in {path}: {hunk or f'at line {start}'}")
+    for m in re.finditer(r"error: (.+): does not exist in index", git_output):
+        lines.append(f"  {m.group(1)} does not exist in the tree")
+    if not lines:
+        lines.append("  git am said:\n    " + git_output.strip().replace("\n", "\n    "))
+    return "\n".join(lines)
+
+
+def _find_hunk(text: str, path: str, start: int) -> str | None:
+    current = None
+    for line in text.splitlines():
+        if line.startswith("--- "):
+            current = None
+        m = re.match(r"^\+\+\+ b/(.+)$", line)
+        if m:
+            current = m.group(1)
+        m = re.match(r"^@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@.*$", line)
+        if m and current == path and int(m.group(1)) == start:
+            return line
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "command",
+        choices=["setup", "fetch", "tree", "install", "export", "check-series", "touched"],
+    )
+    args = parser.parse_args(argv)
+    ws = Workspace()
+    try:
+        if args.command == "setup":
+            ws.setup()
+        elif args.command == "fetch":
+            ws.fetch()
+        elif args.command == "tree":
+            ws.make_tree()
+        elif args.command == "install":
+            ws.install()
+        elif args.command == "export":
+            ws.export()
+        elif args.command == "check-series":
+            ws.check_series()
+        elif args.command == "touched":
+            print("\n".join(ws.touched_files()))
+    except WsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
