@@ -33,8 +33,10 @@ stage_lint() {
   local rc=0
   (cd "$TREE" && ruff check "${files[@]}") || rc=1
   (cd "$TREE" && ruff format --check "${files[@]}") || rc=1
-  # vLLM's own pre-commit mypy hook (default stage: Python 3.10).
-  (cd "$TREE" && "$PY" tools/pre_commit/mypy.py 3.10 "${files[@]}") || rc=1
+  # vLLM's own pre-commit mypy hook (default stage: Python 3.10), in the
+  # hook's own environment (requirements/mypy.txt).
+  (cd "$TREE" && PATH="$ROOT/.venv-mypy/bin:$PATH" \
+     "$ROOT/.venv-mypy/bin/python" tools/pre_commit/mypy.py 3.10 "${files[@]}") || rc=1
   return $rc
 }
 

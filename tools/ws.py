@@ -3,14 +3,15 @@
 
 One obvious path, each step idempotent:
 
-    setup   .venv with vllm==<base> and its dependencies, plus the dev tools
+    setup   .venv with vllm==<base> and its dependencies, plus the dev tools;
+            .venv-mypy with vLLM's mypy hook environment
     fetch   the base's sdist and wheel, downloaded with pip and verified
     tree    build/vllm: pristine sdist commit (tag upstream-v<base>) + git am
     install the tree into .venv (vLLM's python-only precompiled install)
     export  build/vllm history -> patches/*.patch + patches/series
     check-series   every patch applies in order to the pristine base
-    lint    vLLM's ruff / ruff format / mypy on the files the series touches
-    pytest  run pytest in the tree with the CPU test environment
+    touched        the files the series touches
+    base-tree      build/vllm-base: the unpatched release, for comparisons
 
 Only the standard library is used, so this runs before .venv exists.
 """
@@ -105,6 +106,7 @@ class Workspace:
         self.lock_file = root / "base.lock"
         self.venv = root / ".venv"
         self.python = self.venv / "bin" / "python"
+        self.mypy_venv = root / ".venv-mypy"
         self.dist = root / ".cache" / "dist"
         self.tree = root / "build" / "vllm"
         self.patches = root / "patches"
@@ -164,25 +166,37 @@ class Workspace:
     def setup(self) -> None:
         lock = self.lock()
         reqs = self.root / "requirements" / "dev.txt"
-        key = hashlib.sha256(
-            (lock.version + "\n" + reqs.read_text() + SETUP_RECIPE).encode()
-        ).hexdigest()
-        stamp = self.venv / ".ws-setup"
-        if stamp.exists() and stamp.read_text() == key:
-            print(f".venv is up to date (vllm=={lock.version} + {reqs.name})")
+        self._venv(
+            self.venv,
+            [f"vllm=={lock.version}", "-r", reqs],
+            key=lock.version + "\n" + reqs.read_text(),
+            # vLLM's CUDA requirements pull torchvision, torchaudio and
+            # torchcodec. Next to the CPU build of torch they fail at import
+            # ("operator torchvision::nms does not exist", "Could not load
+            # ... _torchaudio"), and transformers imports them whenever they
+            # are installed, which breaks `import vllm`. Nothing this project
+            # tests uses them.
+            remove=["torchvision", "torchaudio", "torchcodec"],
+        )
+        mypy_reqs = self.root / "requirements" / "mypy.txt"
+        self._venv(self.mypy_venv, ["-r", mypy_reqs], key=mypy_reqs.read_text())
+
+    def _venv(self, venv: Path, install: list, key: str, remove: list[str] = ()) -> None:
+        recipe = f"{SETUP_RECIPE}\ninstall {install}\nremove {remove}\n{key}"
+        digest = hashlib.sha256(recipe.encode()).hexdigest()
+        stamp = venv / ".ws-setup"
+        if stamp.exists() and stamp.read_text() == digest:
+            print(f"{venv.name} is up to date")
             return
-        if not self.python.exists():
-            run([sys.executable, "-m", "venv", self.venv])
-        pip = [self.python, "-m", "pip"]
+        python = venv / "bin" / "python"
+        if not python.exists():
+            run([sys.executable, "-m", "venv", venv])
+        pip = [python, "-m", "pip"]
         run([*pip, "install", "--upgrade", "pip"])
-        run([*pip, "install", f"vllm=={lock.version}", "-r", reqs])
-        # vLLM's CUDA requirements pull torchvision, torchaudio and torchcodec.
-        # Next to the CPU build of torch they fail at import ("operator
-        # torchvision::nms does not exist", "Could not load ... _torchaudio"),
-        # and transformers imports them whenever they are installed, which
-        # breaks `import vllm`. Nothing this project tests uses them.
-        run([*pip, "uninstall", "-y", "torchvision", "torchaudio", "torchcodec"])
-        stamp.write_text(key)
+        run([*pip, "install", *install])
+        if remove:
+            run([*pip, "uninstall", "-y", *remove])
+        stamp.write_text(digest)
 
     # ----------------------------------------------------------------- fetch
     def fetch(self) -> None:
@@ -423,6 +437,32 @@ class Workspace:
                 self.git("worktree", "remove", "--force", str(wt), check=False)
         print(f"all {len(self.series())} patches apply in order to {self.tag}")
 
+    def base_tree(self) -> Path:
+        """build/vllm-base: the unpatched release, importable for comparisons.
+
+        The pristine sdist content, with the compiled extensions linked from
+        the installed tree. Put it first on PYTHONPATH to run the base's code
+        (tests/test_deselected.py, the demo).
+        """
+        lock = self.lock()
+        base = self.root / "build" / "vllm-base"
+        marker = base / ".ws-base"
+        if not (marker.exists() and marker.read_text() == lock.sdist.sha256):
+            sdist = self.artifact_path(lock.sdist)
+            if base.exists():
+                shutil.rmtree(base)
+            base.mkdir(parents=True)
+            self._extract_sdist(sdist, base)
+            marker.write_text(lock.sdist.sha256)
+        with zipfile.ZipFile(self.artifact_path(lock.wheel)) as zf:
+            libs = [n for n in zf.namelist() if n.startswith("vllm/") and n.endswith(".so")]
+        for name in libs:
+            link, target = base / name, self.tree / name
+            if target.exists() and not link.exists():
+                link.parent.mkdir(parents=True, exist_ok=True)
+                link.symlink_to(target)
+        return base
+
     def touched_files(self) -> list[str]:
         files: list[str] = []
         for name in self.series():
@@ -464,7 +504,7 @@ class Workspace:
             raise WsError(f"the precompiled install left out {', '.join(missing)}")
 
 
-SETUP_RECIPE = "v1: pip install vllm + requirements/dev.txt; uninstall torchvision torchaudio torchcodec"
+SETUP_RECIPE = "v2"
 
 
 def TOOL_IDENTITY_IF_UNSET() -> dict[str, str]:
@@ -513,7 +553,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "command",
-        choices=["setup", "fetch", "tree", "install", "export", "check-series", "touched"],
+        choices=[
+            "setup", "fetch", "tree", "install", "export", "check-series", "touched",
+            "base-tree",
+        ],
     )
     args = parser.parse_args(argv)
     ws = Workspace()
@@ -530,6 +573,8 @@ def main(argv: list[str] | None = None) -> int:
             ws.export()
         elif args.command == "check-series":
             ws.check_series()
+        elif args.command == "base-tree":
+            print(ws.base_tree())
         elif args.command == "touched":
             print("\n".join(ws.touched_files()))
     except WsError as e:

@@ -1,0 +1,100 @@
+"""Each upstream test listed in testenv/deselected.txt fails the same way on
+the unpatched base as on the patched tree, so the list hides no failure that
+the series causes.
+
+Runs the listed tests for real in both trees (build/vllm and the pristine
+build/vllm-base) and compares, test by test, the outcome and the failure
+message that pytest records.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import deselected
+import pytest
+import ws
+
+ROOT = Path(__file__).resolve().parent.parent
+ENTRIES = deselected.entries()
+
+
+def test_every_entry_has_a_reason():
+    for node, reason in ENTRIES:
+        assert "::" in node or node.endswith(".py"), node
+        assert len(reason.split()) >= 3, f"{node}: reason too short: {reason!r}"
+
+
+def _env(pythonpath: str | None) -> dict[str, str]:
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
+    return env
+
+
+def _run(tree: Path, prefixes: list[str], report: Path, pythonpath: str | None):
+    """Run, in `tree`, the tests whose node id starts with one of `prefixes`."""
+    env = _env(pythonpath)
+    origin = subprocess.run(
+        [sys.executable, "-c", "import vllm; print(vllm.__file__)"],
+        cwd=tree, env=env, capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    assert Path(origin) == tree / "vllm" / "__init__.py", origin
+    paths = sorted({prefix.split("::")[0] for prefix in prefixes})
+    collected = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only",
+         "-q", *paths],
+        cwd=tree, env=env, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    nodes = [n for n in collected.splitlines() if n.startswith(tuple(prefixes))]
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+         f"--junitxml={report}", *nodes],
+        cwd=tree, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    results = {}
+    for case in ET.parse(report).iter("testcase"):
+        module = case.get("classname", "").replace(".", "/")
+        failure = case.find("failure")
+        if failure is None:
+            failure = case.find("error")
+        results[f"{module}.py::{case.get('name')}"] = (
+            "passed" if failure is None else failure.tag,
+            None if failure is None else failure.get("message"),
+        )
+    return nodes, results
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every listed test, run once in the patched tree and once in the base."""
+    if not ENTRIES:
+        return None
+    workspace = ws.Workspace(ROOT)
+    assert (workspace.tree / ".git").exists(), "run `make install` first"
+    base = workspace.base_tree()
+    tmp = tmp_path_factory.mktemp("deselected")
+    prefixes = [node for node, _ in ENTRIES]
+    return (
+        _run(workspace.tree, prefixes, tmp / "patched.xml", None),
+        _run(base, prefixes, tmp / "base.xml", str(base)),
+    )
+
+
+@pytest.mark.parametrize("prefix", [node for node, _ in ENTRIES])
+def test_deselected_test_fails_the_same_on_the_base(prefix, runs):
+    (patched_nodes, patched), (base_nodes, base) = runs
+    nodes = [n for n in patched_nodes if n.startswith(prefix)]
+    assert nodes, f"{prefix} matches no test"
+    assert nodes == [n for n in base_nodes if n.startswith(prefix)]
+    for node in nodes:
+        outcome, message = patched[node]
+        assert outcome == "failure", f"{node} does not fail on the patched tree"
+        assert base[node] == (outcome, message), (
+            f"{node} fails differently on the base: {base[node]} "
+            f"vs {(outcome, message)} with the series"
+        )
