@@ -21,6 +21,11 @@ stage_series() {
   "$PY" tools/ws.py check-series
 }
 
+stage_each() {
+  echo "=== each patch on its own: its lint and the tests it touches (bisectable)"
+  "$PY" tools/ws.py check-each
+}
+
 stage_lint() {
   echo "=== vLLM's ruff check, ruff format --check and mypy on the files the series touches"
   mapfile -t files < <("$PY" tools/ws.py touched | grep -E '\.pyi?$' | while read -r f; do
@@ -59,15 +64,17 @@ run_stage() {  # name function
 
 case "${1:-all}" in
   lint) run_stage lint stage_lint ;;
+  check-each) run_stage "each patch on its own" stage_each ;;
   upstream-tests) run_stage "vLLM suites" stage_upstream_tests ;;
   project-tests) run_stage "project tests" stage_project_tests ;;
   all)
     run_stage "series applies" stage_series
     run_stage lint stage_lint
+    run_stage "each patch on its own" stage_each
     run_stage "vLLM suites" stage_upstream_tests
     run_stage "project tests" stage_project_tests
     ;;
-  *) echo "usage: $0 [all|lint|upstream-tests|project-tests]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|lint|check-each|upstream-tests|project-tests]" >&2; exit 2 ;;
 esac
 
 echo "=== summary"

@@ -11,6 +11,7 @@ One obvious path, each step idempotent:
     export  build/vllm history -> patches/*.patch + patches/series
     check-series   every patch applies in order to the pristine base
     touched        the files the series touches
+    check-each     each patch passes its own lint and tests (bisectable)
     base-tree      build/vllm-base: the unpatched release, for comparisons
 
 Only the standard library is used, so this runs before .venv exists.
@@ -371,23 +372,26 @@ class Workspace:
     def apply_series(self, repo: Path) -> None:
         """git am every patch of the series in order; name the one that fails."""
         for name in self.series():
-            patch = self.patches / name
-            res = run(
-                ["git", "am", "--keep-cr", "--keep-non-patch", str(patch)],
-                cwd=repo,
-                capture=True,
-                check=False,
-                quiet=True,
-                env=TOOL_IDENTITY_IF_UNSET(),
+            self.apply_patch(repo, name)
+
+    def apply_patch(self, repo: Path, name: str) -> None:
+        patch = self.patches / name
+        res = run(
+            ["git", "am", "--keep-cr", "--keep-non-patch", str(patch)],
+            cwd=repo,
+            capture=True,
+            check=False,
+            quiet=True,
+            env=TOOL_IDENTITY_IF_UNSET(),
+        )
+        if res.returncode != 0:
+            run(["git", "am", "--abort"], cwd=repo, check=False, capture=True, quiet=True)
+            raise WsError(
+                f"patches/{name} does not apply to {self.tag} + the patches "
+                f"before it in patches/series.\n"
+                + describe_failed_hunks(patch, res.stdout + res.stderr)
+                + "\nRebase it: fix the patch in build/vllm and `make export`."
             )
-            if res.returncode != 0:
-                run(["git", "am", "--abort"], cwd=repo, check=False, capture=True, quiet=True)
-                raise WsError(
-                    f"patches/{name} does not apply to {self.tag} + the patches "
-                    f"before it in patches/series.\n"
-                    + describe_failed_hunks(patch, res.stdout + res.stderr)
-                    + "\nRebase it: fix the patch in build/vllm and `make export`."
-                )
 
     # ---------------------------------------------------------------- export
     def export(self) -> None:
@@ -454,22 +458,85 @@ class Workspace:
             base.mkdir(parents=True)
             self._extract_sdist(sdist, base)
             marker.write_text(lock.sdist.sha256)
-        with zipfile.ZipFile(self.artifact_path(lock.wheel)) as zf:
+        self._link_compiled(base)
+        return base
+
+    def check_each(self) -> None:
+        """Bisectability: every prefix of the series passes the checks of the
+        patch that ends it: vLLM's ruff, ruff format and mypy on the Python
+        files the patch touches, and pytest on the test files it touches."""
+        if not (self.tree / ".git").exists():
+            raise WsError(f"{self.tree} does not exist: run `make tree` first")
+        series = self.series()
+        failed = []
+        with tempfile.TemporaryDirectory() as tmp:
+            wt = Path(tmp) / "each"
+            self.git("worktree", "add", "-q", "--detach", str(wt), self.tag)
+            try:
+                self._link_compiled(wt)
+                for name in series:
+                    self.apply_patch(wt, name)
+                    print(f"=== {name}", flush=True)
+                    if not self._check_patch(wt, name):
+                        failed.append(name)
+            finally:
+                self.git("worktree", "remove", "--force", str(wt), check=False)
+        if failed:
+            raise WsError("checks failed at: " + ", ".join(failed))
+        print(f"each of the {len(series)} patches passes its checks on its own")
+
+    def _link_compiled(self, tree: Path) -> None:
+        """Link the installed tree's compiled extensions into `tree`."""
+        with zipfile.ZipFile(self.artifact_path(self.lock().wheel)) as zf:
             libs = [n for n in zf.namelist() if n.startswith("vllm/") and n.endswith(".so")]
         for name in libs:
-            link, target = base / name, self.tree / name
+            link, target = tree / name, self.tree / name
             if target.exists() and not link.exists():
                 link.parent.mkdir(parents=True, exist_ok=True)
                 link.symlink_to(target)
-        return base
+
+    def _check_patch(self, tree: Path, name: str) -> bool:
+        files = [
+            f for f in self._patch_files(name)
+            if f.endswith((".py", ".pyi")) and (tree / f).exists()
+        ]  # fmt: skip
+        tests = [f for f in files if re.match(r"tests/.*test_[^/]*\.py$", f)]
+        bin_dir = self.venv / "bin"
+        steps = []
+        if files:
+            steps += [
+                [bin_dir / "ruff", "check", *files],
+                [bin_dir / "ruff", "format", "--check", *files],
+                [self.mypy_venv / "bin" / "python", "tools/pre_commit/mypy.py", "3.10", *files],
+            ]
+        if tests:
+            steps.append([self.python, "-m", "pytest", "-p", "no:cacheprovider", "-q", *tests])
+        env = {
+            "PYTHONPATH": str(tree),
+            "PATH": f"{self.mypy_venv / 'bin'}:{os.environ.get('PATH', '')}",
+        }
+        ok = True
+        for cmd in steps:
+            res = run(cmd, cwd=tree, env=env, check=False, capture=True)
+            tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-3:])
+            print(("    " + tail.replace("\n", "\n    ")) if tail else "", flush=True)
+            ok &= res.returncode == 0
+        if not steps:
+            print("    no Python files", flush=True)
+        return ok
+
+    def _patch_files(self, name: str) -> list[str]:
+        files: list[str] = []
+        for line in (self.patches / name).read_text(errors="replace").splitlines():
+            m = re.match(r"^\+\+\+ b/(.+)$", line)
+            if m and m.group(1) not in files:
+                files.append(m.group(1))
+        return files
 
     def touched_files(self) -> list[str]:
         files: list[str] = []
         for name in self.series():
-            for line in (self.patches / name).read_text(errors="replace").splitlines():
-                m = re.match(r"^\+\+\+ b/(.+)$", line)
-                if m and m.group(1) not in files:
-                    files.append(m.group(1))
+            files += [f for f in self._patch_files(name) if f not in files]
         return files
 
     # --------------------------------------------------------------- install
@@ -555,7 +622,7 @@ def main(argv: list[str] | None = None) -> int:
         "command",
         choices=[
             "setup", "fetch", "tree", "install", "export", "check-series", "touched",
-            "base-tree",
+            "base-tree", "check-each",
         ],
     )
     args = parser.parse_args(argv)
@@ -573,6 +640,8 @@ def main(argv: list[str] | None = None) -> int:
             ws.export()
         elif args.command == "check-series":
             ws.check_series()
+        elif args.command == "check-each":
+            ws.check_each()
         elif args.command == "base-tree":
             print(ws.base_tree())
         elif args.command == "touched":

@@ -1,0 +1,49 @@
+"""The architectures the demo measures, with their real KV shapes.
+
+Each layer kind is built by the vLLM layer class that owns it
+(bench/kv_tp_worker.py):
+- "mla": MLAAttention's latent cache, kv_lora_rank 512 + rope 64 (DeepSeek-V3).
+- "dsv32": DeepSeek-V3.2, fp8_ds_mla latent (656 B/token) + its indexer
+  cache (132 B/token).
+- "dsv4": DeepSeek-V4-like: compressed MLA (head 512, 4 tokens/state), its
+  indexer cache, and the 128-token sliding-window cache.
+- "gqa": grouped-query attention, head size 128, bf16, `kv_heads` in all.
+- "mamba": a Mamba2 mixer, TP-sharded by head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TP_SIZES = (1, 2, 4, 8, 16)
+DCP_SIZES = (1, 2)
+
+
+@dataclass(frozen=True)
+class Arch:
+    name: str
+    layers: tuple[str, ...]
+    use_mla: bool
+    kv_heads: int | None = None
+    cache_dtype: str = "auto"
+    block_size: int = 64
+
+    def supports(self, tp: int, dcp: int) -> bool:
+        if dcp == 1:
+            return True
+        # vLLM's ModelConfig: DCP on GQA needs tp > kv_heads and
+        # dcp <= tp // kv_heads (it splits the replicas of each head).
+        if "gqa" in self.layers:
+            assert self.kv_heads is not None
+            return tp > self.kv_heads and dcp <= tp // self.kv_heads
+        return True
+
+
+ARCHITECTURES = (
+    Arch("DeepSeek-V3 (MLA)", ("mla",) * 61, use_mla=True),
+    Arch("DeepSeek-V3.2 (MLA + indexer)", ("dsv32",) * 61, use_mla=True),
+    Arch("DeepSeek-V4-like (MLA + indexer + SWA)", ("dsv4",) * 43, use_mla=True),
+    Arch("GQA, 8 KV heads (Llama-3.1-70B-like)", ("gqa",) * 80, use_mla=False, kv_heads=8),
+    Arch("MLA + GQA-8 mix", ("mla", "gqa") * 20, use_mla=True, kv_heads=8),
+    Arch("MLA + Mamba hybrid", ("mla", "mamba", "mamba", "mamba") * 12, use_mla=True),
+)

@@ -1,0 +1,246 @@
+"""Runs inside one vLLM tree (whichever `import vllm` finds) and writes, as
+JSON, to the file named by its argument, what that tree's own code decides for each architecture of
+bench/architectures.py: kv_tp_replicas, whether offloading takes the
+replicated layout, and the host bytes the CPU offloading spec reserves.
+
+Nothing here decides replication itself:
+- each layer's KV cache spec comes from the layer class's own
+  get_kv_cache_spec (called on a stand-in for the layer's attributes), so the
+  base tree yields specs without max_tp_shards and the patched tree yields
+  whatever its layers declare;
+- the KV cache config comes from get_kv_cache_configs, for every TP rank;
+- the layout from build_offloading_config, and the sizes from a real
+  CPUOffloadingSpec with 1 GiB of `cpu_bytes_to_use`.
+The CPU offloading spec only dedups through its shared host region, which it
+enables on CUDA-alike platforms; this machine has none, so the worker models
+a CUDA host by reporting that region as available.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+from unittest.mock import MagicMock, patch
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import architectures  # noqa: E402
+
+GiB = 1 << 30
+MAX_MODEL_LEN = 8192
+
+
+def _layer_specs(arch: architectures.Arch, tp: int) -> dict[str, Any]:
+    """Build one TP rank's layer specs with each layer class's own code."""
+    from vllm.model_executor.layers.attention.attention import Attention
+    from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+    from vllm.model_executor.models.deepseek_v2 import DeepseekV32IndexerCache
+    from vllm.models.deepseek_v4.attention import (
+        DeepseekV4Attention,
+        DeepseekV4IndexerCache,
+    )
+    from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    block = arch.block_size
+    config = SimpleNamespace(
+        cache_config=SimpleNamespace(
+            block_size=block,
+            cache_dtype=arch.cache_dtype,
+            skip_page_size_padded=None,
+        ),
+        model_config=SimpleNamespace(dtype=torch.bfloat16),
+    )
+    cache_config = SimpleNamespace(block_size=block, cache_dtype=arch.cache_dtype)
+    specs: dict[str, Any] = {}
+    for i, kind in enumerate(arch.layers):
+        name = f"model.layers.{i}"
+        if kind == "mla":
+            layer = SimpleNamespace(
+                kv_cache_dtype=arch.cache_dtype,
+                head_size=576,
+                indexer=None,
+                non_causal_multi_token_decode=False,
+                sliding_window=None,
+            )
+            specs[f"{name}.attn"] = MLAAttention.get_kv_cache_spec(layer, config)
+        elif kind == "dsv32":
+            layer = SimpleNamespace(
+                kv_cache_dtype="fp8_ds_mla",
+                head_size=576,
+                indexer=object(),
+                non_causal_multi_token_decode=False,
+                sliding_window=None,
+            )
+            specs[f"{name}.attn"] = MLAAttention.get_kv_cache_spec(layer, config)
+            indexer = SimpleNamespace(
+                cache_config=cache_config, head_dim=132, dtype=torch.uint8
+            )
+            specs[f"{name}.indexer"] = DeepseekV32IndexerCache.get_kv_cache_spec(
+                indexer, config
+            )
+        elif kind == "dsv4":
+            attn = SimpleNamespace(
+                compress_ratio=4,
+                kv_cache_dtype=arch.cache_dtype,
+                head_dim=512,
+                kv_cache_torch_dtype=torch.bfloat16,
+            )
+            specs[f"{name}.attn"] = DeepseekV4Attention.get_kv_cache_spec(attn, config)
+            indexer = SimpleNamespace(
+                cache_config=cache_config,
+                head_dim=132,
+                dtype=torch.uint8,
+                compress_ratio=4,
+            )
+            specs[f"{name}.indexer"] = DeepseekV4IndexerCache.get_kv_cache_spec(
+                indexer, config
+            )
+            swa = SimpleNamespace(
+                block_size=block,
+                head_dim=512,
+                dtype=torch.bfloat16,
+                window_size=128,
+                cache_config=cache_config,
+                packed_bytes_per_token=584,
+                packed_page_alignment=576,
+                # As DeepseekV4Attention constructs its SWA cache (read only
+                # by trees whose DeepseekV4SWACache takes the argument).
+                max_tp_shards=1,
+            )
+            specs[f"{name}.swa"] = DeepseekV4SWACache.get_kv_cache_spec(swa, config)
+        elif kind == "gqa":
+            heads = arch.kv_heads
+            layer = SimpleNamespace(
+                attn_type="decoder",
+                kv_cache_dtype=arch.cache_dtype,
+                sliding_window=None,
+                # The KV heads of one rank: split over ranks, repeated once
+                # TP exceeds them (QKVParallelLinear).
+                num_kv_heads=max(1, heads // tp),
+                total_num_kv_heads=heads,
+                head_size=128,
+                head_size_v=128,
+                kv_cache_torch_dtype=torch.bfloat16,
+            )
+            specs[f"{name}.attn"] = Attention.get_kv_cache_spec(layer, config)
+        elif kind == "mamba":
+            # Mamba2 with 128 heads of 64 x 128 state, TP-sharded by head.
+            specs[f"{name}.mixer"] = MambaSpec(
+                block_size=block,
+                shapes=((3, 10240 // tp), (128 // tp, 64, 128)),
+                dtypes=(torch.bfloat16, torch.float32),
+            )
+        else:
+            raise ValueError(kind)
+    return specs
+
+
+def _offloading_vllm_config(arch, tp: int, dcp: int) -> Any:
+    """The configuration build_offloading_config reads, as upstream's tests
+    build it: a real ParallelConfig on a stand-in VllmConfig."""
+    from vllm.config import KVTransferConfig, ParallelConfig
+    from vllm.platforms import current_platform
+
+    config = MagicMock()
+    config.cache_config.block_size = arch.block_size
+    config.cache_config.enable_prefix_caching = True
+    config.cache_config.prefix_match_unit = None
+    config.cache_config.cache_dtype = "auto"
+    config.cache_config.prefix_cache_retention_interval = None
+    config.cache_config.kv_cache_layout = None
+    config.model_config.model = arch.name
+    config.model_config.dtype = torch.bfloat16
+    config.model_config.use_mla = arch.use_mla
+    config.model_config.get_total_num_kv_heads.return_value = arch.kv_heads or 1
+    with patch.object(current_platform, "device_count", return_value=tp):
+        config.parallel_config = ParallelConfig(
+            tensor_parallel_size=tp,
+            decode_context_parallel_size=dcp,
+            distributed_executor_backend="mp",
+        )
+    config.kv_events_config = None
+    config.use_v2_model_runner = False
+    config.kv_transfer_config = KVTransferConfig(
+        kv_connector="OffloadingConnector",
+        kv_role="kv_both",
+        engine_id="demo",
+        kv_connector_extra_config={"cpu_bytes_to_use": GiB},
+    )
+    return config
+
+
+@functools.cache
+def _model_config():
+    """Only max_model_len matters to the KV cache config; the layer specs
+    carry the architecture."""
+    from vllm.config import ModelConfig
+
+    return ModelConfig(max_model_len=MAX_MODEL_LEN)
+
+
+def measure(arch: architectures.Arch, tp: int, dcp: int) -> dict[str, Any]:
+    from vllm.config import VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (
+        build_offloading_config,
+    )
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
+    from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+
+    specs = _layer_specs(arch, tp)
+    vllm_config = VllmConfig(model_config=_model_config())
+    vllm_config.parallel_config.tensor_parallel_size = tp
+    vllm_config.parallel_config.decode_context_parallel_size = dcp
+    vllm_config.cache_config.block_size = arch.block_size
+    # Block-outermost, as the engine core resolves it for these hybrid
+    # models; it lets mixed page sizes pack into one block.
+    vllm_config.cache_config.kv_cache_layout = "BLNHC"
+    configs = get_kv_cache_configs(vllm_config, [specs] * tp, [64 * GiB] * tp)
+    kv_cache_config = configs[0]
+
+    offloading = build_offloading_config(
+        _offloading_vllm_config(arch, tp, dcp), kv_cache_config
+    )
+    with patch.object(CPUOffloadingSpec, "_uses_shared_region", return_value=True):
+        spec = CPUOffloadingSpec(offloading)
+    tokens_per_block = {g.tokens_per_block for g in offloading.groups}
+    tokens_per_chunk = min(tokens_per_block) * offloading.cache.blocks_per_chunk
+    return {
+        "kv_tp_replicas": getattr(kv_cache_config, "kv_tp_replicas", None),
+        "replicated_layout": spec.replicated_layout,
+        "worker_bytes_per_token": offloading.worker_kv_bytes_per_block
+        / min(tokens_per_block),
+        "host_bytes_per_token": spec.kv_bytes_per_chunk / tokens_per_chunk,
+        "tokens_per_gib": spec.num_chunks * tokens_per_chunk,
+    }
+
+
+def main() -> int:
+    import vllm
+
+    rows = []
+    for arch in architectures.ARCHITECTURES:
+        for tp in architectures.TP_SIZES:
+            for dcp in architectures.DCP_SIZES:
+                if tp % dcp or not arch.supports(tp, dcp):
+                    continue
+                row: dict[str, Any] = {"arch": arch.name, "tp": tp, "dcp": dcp}
+                try:
+                    row.update(measure(arch, tp, dcp))
+                except (AssertionError, NotImplementedError, ValueError) as e:
+                    # vLLM itself rejects this combination.
+                    row["unsupported"] = f"{type(e).__name__}: {e}".splitlines()[0]
+                rows.append(row)
+    result = {"vllm": str(Path(vllm.__file__).parent.parent), "rows": rows}
+    # vLLM logs to stdout, so the result goes to a file.
+    Path(sys.argv[1]).write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
