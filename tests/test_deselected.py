@@ -36,8 +36,8 @@ def _env(pythonpath: str | None) -> dict[str, str]:
     return env
 
 
-def _run(tree: Path, prefixes: list[str], report: Path, pythonpath: str | None):
-    """Run, in `tree`, the tests whose node id starts with one of `prefixes`."""
+def _start(tree: Path, prefixes: list[str], report: Path, pythonpath: str | None):
+    """Start running, in `tree`, the test files that hold the listed tests."""
     env = _env(pythonpath)
     origin = subprocess.run(
         [sys.executable, "-c", "import vllm; print(vllm.__file__)"],
@@ -45,17 +45,15 @@ def _run(tree: Path, prefixes: list[str], report: Path, pythonpath: str | None):
     ).stdout.strip()  # fmt: skip
     assert Path(origin) == tree / "vllm" / "__init__.py", origin
     paths = sorted({prefix.split("::")[0] for prefix in prefixes})
-    collected = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only",
-         "-q", *paths],
-        cwd=tree, env=env, capture_output=True, text=True,
-    ).stdout  # fmt: skip
-    nodes = [n for n in collected.splitlines() if n.startswith(tuple(prefixes))]
-    subprocess.run(
+    return subprocess.Popen(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-         f"--junitxml={report}", *nodes],
-        cwd=tree, env=env, capture_output=True, text=True,
+         f"--junitxml={report}", *paths],
+        cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
+
+
+def _results(report: Path) -> dict[str, tuple[str, str | None]]:
+    """{node id: (outcome, failure message)} from a junit report."""
     results = {}
     for case in ET.parse(report).iter("testcase"):
         module = case.get("classname", "").replace(".", "/")
@@ -66,12 +64,13 @@ def _run(tree: Path, prefixes: list[str], report: Path, pythonpath: str | None):
             "passed" if failure is None else failure.tag,
             None if failure is None else failure.get("message"),
         )
-    return nodes, results
+    return results
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Every listed test, run once in the patched tree and once in the base."""
+    """The files of the listed tests, run in the patched tree and in the base
+    at the same time."""
     if not ENTRIES:
         return None
     workspace = ws.Workspace(ROOT)
@@ -79,18 +78,21 @@ def runs(tmp_path_factory):
     base = workspace.base_tree()
     tmp = tmp_path_factory.mktemp("deselected")
     prefixes = [node for node, _ in ENTRIES]
-    return (
-        _run(workspace.tree, prefixes, tmp / "patched.xml", None),
-        _run(base, prefixes, tmp / "base.xml", str(base)),
-    )
+    procs = [
+        _start(workspace.tree, prefixes, tmp / "patched.xml", None),
+        _start(base, prefixes, tmp / "base.xml", str(base)),
+    ]
+    for proc in procs:
+        proc.wait()
+    return _results(tmp / "patched.xml"), _results(tmp / "base.xml")
 
 
 @pytest.mark.parametrize("prefix", [node for node, _ in ENTRIES])
 def test_deselected_test_fails_the_same_on_the_base(prefix, runs):
-    (patched_nodes, patched), (base_nodes, base) = runs
-    nodes = [n for n in patched_nodes if n.startswith(prefix)]
+    patched, base = runs
+    nodes = sorted(n for n in patched if n.startswith(prefix))
     assert nodes, f"{prefix} matches no test"
-    assert nodes == [n for n in base_nodes if n.startswith(prefix)]
+    assert nodes == sorted(n for n in base if n.startswith(prefix))
     for node in nodes:
         outcome, message = patched[node]
         assert outcome == "failure", f"{node} does not fail on the patched tree"

@@ -47,10 +47,23 @@ stage_lint() {
 
 stage_upstream_tests() {
   echo "=== vLLM's own suites in the patched tree (testenv/upstream-suites.txt)"
-  mapfile -t suites < <(grep -v '^\s*#' testenv/upstream-suites.txt | awk 'NF {print $1}')
   mapfile -t deselect < <("$PY" tools/deselected.py --args)
-  (cd "$TREE" && "$PY" -m pytest -p no:cacheprovider -q -rfE --timeout=900 \
-     "${deselect[@]}" "${suites[@]}")
+  local logs pids=() groups rc=0
+  logs=$(mktemp -d)
+  groups=$(grep -v '^\s*#' testenv/upstream-suites.txt | awk 'NF {print $1}' | sort -u)
+  for g in $groups; do
+    mapfile -t suites < <(grep -v '^\s*#' testenv/upstream-suites.txt | awk -v g="$g" '$1 == g {print $2}')
+    (cd "$TREE" && "$PY" -m pytest -p no:cacheprovider -q -rfE --timeout=900 \
+       "${deselect[@]}" "${suites[@]}") >"$logs/$g.log" 2>&1 &
+    pids+=("$!")
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  for g in $groups; do
+    echo "--- group $g: $(grep -v '^\s*#' testenv/upstream-suites.txt | awk -v g="$g" '$1 == g {printf "%s ", $2}')"
+    cat "$logs/$g.log"
+  done
+  rm -rf "$logs"
+  return $rc
 }
 
 stage_project_tests() {
