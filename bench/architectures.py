@@ -43,7 +43,32 @@ ARCHITECTURES = (
     Arch("DeepSeek-V3 (MLA)", ("mla",) * 61, use_mla=True),
     Arch("DeepSeek-V3.2 (MLA + indexer)", ("dsv32",) * 61, use_mla=True),
     Arch("DeepSeek-V4-like (MLA + indexer + SWA)", ("dsv4",) * 43, use_mla=True),
-    Arch("GQA, 8 KV heads (Llama-3.1-70B-like)", ("gqa",) * 80, use_mla=False, kv_heads=8),
+    Arch(
+        "Llama-3.1-405B-like (GQA, 8 KV heads)",
+        ("gqa",) * 126,
+        use_mla=False,
+        kv_heads=8,
+    ),
+    Arch("Qwen3-235B-like (GQA, 4 KV heads)", ("gqa",) * 94, use_mla=False, kv_heads=4),
+    Arch(
+        "Qwen2.5-1.5B-like (GQA, 2 KV heads)", ("gqa",) * 28, use_mla=False, kv_heads=2
+    ),
     Arch("MLA + GQA-8 mix", ("mla", "gqa") * 20, use_mla=True, kv_heads=8),
     Arch("MLA + Mamba hybrid", ("mla", "mamba", "mamba", "mamba") * 12, use_mla=True),
 )
+
+
+def distinct_shards(kind: str, arch: Arch, tp: int, dcp: int) -> int:
+    """Into how many distinct pieces one layer's KV splits over `tp` ranks,
+    by the model's math (not by what vLLM declares): MLA-style caches are the
+    same on every rank, GQA has one piece per KV head (at most one per rank),
+    a head-sharded Mamba state one per rank; DCP splits attention KV by token
+    over `dcp` ranks on top."""
+    if kind in ("mla", "dsv32", "dsv4"):
+        return dcp
+    if kind == "gqa":
+        assert arch.kv_heads is not None
+        return min(tp, arch.kv_heads) * dcp
+    if kind == "mamba":
+        return tp
+    raise ValueError(kind)

@@ -37,7 +37,6 @@ MAX_MODEL_LEN = 8192
 
 def _layer_specs(arch: architectures.Arch, tp: int) -> dict[str, Any]:
     """Build one TP rank's layer specs with each layer class's own code."""
-    from vllm.model_executor.layers.attention.attention import Attention
     from vllm.model_executor.layers.attention.mla_attention import MLAAttention
     from vllm.model_executor.models.deepseek_v2 import DeepseekV32IndexerCache
     from vllm.models.deepseek_v4.attention import (
@@ -57,6 +56,7 @@ def _layer_specs(arch: architectures.Arch, tp: int) -> dict[str, Any]:
         model_config=SimpleNamespace(dtype=torch.bfloat16),
     )
     cache_config = SimpleNamespace(block_size=block, cache_dtype=arch.cache_dtype)
+    gqa = _gqa_attention(arch, tp) if "gqa" in arch.layers else None
     specs: dict[str, Any] = {}
     for i, kind in enumerate(arch.layers):
         name = f"model.layers.{i}"
@@ -115,20 +115,7 @@ def _layer_specs(arch: architectures.Arch, tp: int) -> dict[str, Any]:
             )
             specs[f"{name}.swa"] = DeepseekV4SWACache.get_kv_cache_spec(swa, config)
         elif kind == "gqa":
-            heads = arch.kv_heads
-            layer = SimpleNamespace(
-                attn_type="decoder",
-                kv_cache_dtype=arch.cache_dtype,
-                sliding_window=None,
-                # The KV heads of one rank: split over ranks, repeated once
-                # TP exceeds them (QKVParallelLinear).
-                num_kv_heads=max(1, heads // tp),
-                total_num_kv_heads=heads,
-                head_size=128,
-                head_size_v=128,
-                kv_cache_torch_dtype=torch.bfloat16,
-            )
-            specs[f"{name}.attn"] = Attention.get_kv_cache_spec(layer, config)
+            specs[f"{name}.attn"] = gqa.get_kv_cache_spec(config)
         elif kind == "mamba":
             # Mamba2 with 128 heads of 64 x 128 state, TP-sharded by head.
             specs[f"{name}.mixer"] = MambaSpec(
@@ -139,6 +126,38 @@ def _layer_specs(arch: architectures.Arch, tp: int) -> dict[str, Any]:
         else:
             raise ValueError(kind)
     return specs
+
+
+def _gqa_attention(arch: architectures.Arch, tp: int) -> Any:
+    """A real Attention layer as TP rank 0 of `tp` builds it, the way Llama
+    and Qwen build theirs: num_kv_heads is the rank's share of the model's KV
+    heads, and the total is passed on where this tree's Attention takes it."""
+    import inspect
+
+    from vllm.config import CacheConfig, VllmConfig
+    from vllm.config.vllm import set_current_vllm_config
+    from vllm.distributed import parallel_state
+    from vllm.model_executor.layers.attention.attention import Attention
+
+    assert arch.kv_heads is not None
+    kwargs = {}
+    if "total_num_kv_heads" in inspect.signature(Attention.__init__).parameters:
+        kwargs["total_num_kv_heads"] = arch.kv_heads
+    heads = 64
+    fake_tp_group = SimpleNamespace(world_size=tp, rank_in_group=0)
+    with (
+        set_current_vllm_config(VllmConfig()),
+        patch.object(parallel_state, "_TP", fake_tp_group),
+    ):
+        return Attention(
+            heads // tp,
+            128,
+            128**-0.5,
+            num_kv_heads=max(1, arch.kv_heads // tp),
+            cache_config=CacheConfig(cache_dtype=arch.cache_dtype),
+            prefix=f"gqa.tp{tp}.attn",
+            **kwargs,
+        )
 
 
 def _offloading_vllm_config(arch, tp: int, dcp: int) -> Any:
@@ -210,14 +229,40 @@ def measure(arch: architectures.Arch, tp: int, dcp: int) -> dict[str, Any]:
         spec = CPUOffloadingSpec(offloading)
     tokens_per_block = {g.tokens_per_block for g in offloading.groups}
     tokens_per_chunk = min(tokens_per_block) * offloading.cache.blocks_per_chunk
+    worker_bytes_per_token = offloading.worker_kv_bytes_per_block / min(
+        tokens_per_block
+    )
     return {
         "kv_tp_replicas": getattr(kv_cache_config, "kv_tp_replicas", None),
         "replicated_layout": spec.replicated_layout,
-        "worker_bytes_per_token": offloading.worker_kv_bytes_per_block
-        / min(tokens_per_block),
+        "worker_bytes_per_token": worker_bytes_per_token,
+        # The physical limit: every distinct piece of KV stored once.
+        "limit_bytes_per_token": worker_bytes_per_token
+        * _distinct_copies(arch, kv_cache_config, tp, dcp),
         "host_bytes_per_token": spec.kv_bytes_per_chunk / tokens_per_chunk,
         "tokens_per_gib": spec.num_chunks * tokens_per_chunk,
     }
+
+
+def _distinct_copies(arch: architectures.Arch, kv_cache_config, tp: int, dcp: int):
+    """How many copies of a rank's KV the model's distinct KV amounts to:
+    each layer's distinct pieces (architectures.distinct_shards), weighted by
+    the layer's share of the rank's pages."""
+    from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
+
+    weighted = total = 0
+    for group in kv_cache_config.kv_cache_groups:
+        spec = group.kv_cache_spec
+        if isinstance(spec, UniformTypeKVCacheSpecs):
+            layers = list(spec.kv_cache_specs.items())
+        else:
+            layers = [(name, spec) for name in group.layer_names]
+        for name, layer_spec in layers:
+            kind = arch.layers[int(name.split(".")[2])]
+            pieces = architectures.distinct_shards(kind, arch, tp, dcp)
+            weighted += layer_spec.page_size_bytes * pieces
+            total += layer_spec.page_size_bytes
+    return weighted / total
 
 
 def main() -> int:

@@ -76,7 +76,9 @@ def commit_change(tree: Path, old: str, new: str, subject: str) -> None:
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()
+    }
 
 
 def test_corrupted_cache_file_is_named_with_both_hashes(workspace):
@@ -108,7 +110,10 @@ def test_tree_has_pristine_tagged_commit(workspace):
     workspace.make_tree()
     tree = workspace.tree
     assert git(tree, "rev-list", "--count", "HEAD").strip() == "1"
-    assert git(tree, "rev-parse", "upstream-v9.9.9").strip() == git(tree, "rev-parse", "HEAD").strip()
+    assert (
+        git(tree, "rev-parse", "upstream-v9.9.9").strip()
+        == git(tree, "rev-parse", "HEAD").strip()
+    )
     assert (tree / "vllm" / "core.py").read_text() == ORIGINAL
     # Packaging metadata stays on disk but out of history, as upstream tracks it.
     assert (tree / "vllm.egg-info" / "PKG-INFO").exists()
@@ -156,7 +161,10 @@ def test_tree_follows_series_changes_in_place(workspace):
     # Build output (ignored by the tree's .gitignore) survives the rebuild.
     (workspace.tree / "vllm.egg-info" / "built").write_text("keep me")
     workspace.make_tree()
-    assert git(workspace.tree, "rev-list", "--count", "upstream-v9.9.9..HEAD").strip() == "2"
+    assert (
+        git(workspace.tree, "rev-list", "--count", "upstream-v9.9.9..HEAD").strip()
+        == "2"
+    )
     assert "return 1" in (workspace.tree / "vllm" / "core.py").read_text()
     assert (workspace.tree / "vllm.egg-info" / "built").read_text() == "keep me"
 
@@ -238,7 +246,11 @@ def test_make_tree_with_a_patch_that_no_longer_applies_keeps_the_tree(workspace)
     first = workspace.series()[0]
     head = git(workspace.tree, "rev-parse", "HEAD")
     # A second patch, written against another version of the file.
-    bad = (workspace.patches / first).read_text().replace("-    return 0", "-    return 5")
+    bad = (
+        (workspace.patches / first)
+        .read_text()
+        .replace("-    return 0", "-    return 5")
+    )
     (workspace.patches / "0002-other.patch").write_text(bad)
     (workspace.patches / "series").write_text(f"{first}\n0002-other.patch\n")
     with pytest.raises(ws.WsError, match="patches/0002-other.patch does not apply"):
@@ -255,6 +267,8 @@ def test_touched_files(workspace):
 
 
 def test_lock_rejects_bad_hash(workspace):
-    workspace.lock_file.write_text("version = 1\nsdist = a.tar.gz xyz\nwheel = b.whl 00\n")
+    workspace.lock_file.write_text(
+        "version = 1\nsdist = a.tar.gz xyz\nwheel = b.whl 00\n"
+    )
     with pytest.raises(ws.WsError, match="not hex"):
         workspace.lock()

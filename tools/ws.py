@@ -97,7 +97,9 @@ def run(cmd, cwd=None, env=None, check=True, capture=False, quiet=False):
     )
     if check and res.returncode != 0:
         out = (res.stdout or "") + (res.stderr or "") if capture else ""
-        raise WsError(f"command failed ({res.returncode}): {' '.join(map(str, cmd))}\n{out}")
+        raise WsError(
+            f"command failed ({res.returncode}): {' '.join(map(str, cmd))}\n{out}"
+        )
     return res
 
 
@@ -182,7 +184,9 @@ class Workspace:
         mypy_reqs = self.root / "requirements" / "mypy.txt"
         self._venv(self.mypy_venv, ["-r", mypy_reqs], key=mypy_reqs.read_text())
 
-    def _venv(self, venv: Path, install: list, key: str, remove: list[str] = ()) -> None:
+    def _venv(
+        self, venv: Path, install: list, key: str, remove: list[str] = ()
+    ) -> None:
         recipe = f"{SETUP_RECIPE}\ninstall {install}\nremove {remove}\n{key}"
         digest = hashlib.sha256(recipe.encode()).hexdigest()
         stamp = venv / ".ws-setup"
@@ -278,7 +282,9 @@ class Workspace:
     def check_no_unexported_work(self) -> None:
         """Refuse to go on when the tree holds work that patches/ lacks."""
         t = self.tree
-        if (t / ".git" / "rebase-apply").exists() or (t / ".git" / "rebase-merge").exists():
+        if (t / ".git" / "rebase-apply").exists() or (
+            t / ".git" / "rebase-merge"
+        ).exists():
             raise WsError(
                 f"{t}: a `git am` or rebase is in progress. Finish it "
                 f"(`git -C {t} am --continue`) or abort it (`git -C {t} am --abort`)."
@@ -298,7 +304,11 @@ class Workspace:
             )
         known = {(self.patches / n).read_bytes() for n in self.series()}
         with tempfile.TemporaryDirectory() as tmp:
-            lost = [p for p in self.formatted_tree_patches(Path(tmp)) if p.read_bytes() not in known]
+            lost = [
+                p
+                for p in self.formatted_tree_patches(Path(tmp))
+                if p.read_bytes() not in known
+            ]
             if lost:
                 subjects = "\n".join(f"  {p.name}" for p in lost)
                 raise WsError(
@@ -318,7 +328,9 @@ class Workspace:
         if (self.tree / ".git").exists():
             self.check_no_unexported_work()
             if self.in_sync():
-                print(f"{self.tree.relative_to(self.root)} is up to date with patches/series")
+                print(
+                    f"{self.tree.relative_to(self.root)} is up to date with patches/series"
+                )
                 return
             old = self.git("rev-parse", "HEAD").strip()
             self.git("checkout", "-q", "-B", "main", self.tag)
@@ -327,12 +339,20 @@ class Workspace:
             except WsError:
                 self.git("reset", "-q", "--hard", old)
                 raise
-            print(f"{self.tree.relative_to(self.root)}: rebuilt from {self.tag} + patches/series")
+            print(
+                f"{self.tree.relative_to(self.root)}: rebuilt from {self.tag} + patches/series"
+            )
             return
         if self.tree.exists() and any(self.tree.iterdir()):
-            raise WsError(f"{self.tree} exists but is not a git tree; move it away first")
+            raise WsError(
+                f"{self.tree} exists but is not a git tree; move it away first"
+            )
         sdist = self.artifact_path(lock.sdist)
-        staging = Path(tempfile.mkdtemp(dir=self.tree.parent if self.tree.parent.exists() else None))
+        staging = Path(
+            tempfile.mkdtemp(
+                dir=self.tree.parent if self.tree.parent.exists() else None
+            )
+        )
         try:
             self._extract_sdist(sdist, staging)
             self.git("init", "-q", "-b", "main", cwd=staging)
@@ -357,14 +377,18 @@ class Workspace:
         finally:
             if staging.exists():
                 shutil.rmtree(staging)
-        print(f"{self.tree.relative_to(self.root)}: {self.tag} + {len(self.series())} patches")
+        print(
+            f"{self.tree.relative_to(self.root)}: {self.tag} + {len(self.series())} patches"
+        )
 
     def _extract_sdist(self, sdist: Path, dest: Path) -> None:
         with tarfile.open(sdist) as tar:
             members = tar.getmembers()
             top = {m.name.split("/", 1)[0] for m in members}
             if len(top) != 1:
-                raise WsError(f"{sdist}: expected one top-level folder, found {sorted(top)}")
+                raise WsError(
+                    f"{sdist}: expected one top-level folder, found {sorted(top)}"
+                )
             for m in members:
                 m.name = m.name.split("/", 1)[1] if "/" in m.name else ""
             tar.extractall(dest, members=[m for m in members if m.name], filter="data")
@@ -385,7 +409,13 @@ class Workspace:
             env=TOOL_IDENTITY_IF_UNSET(),
         )
         if res.returncode != 0:
-            run(["git", "am", "--abort"], cwd=repo, check=False, capture=True, quiet=True)
+            run(
+                ["git", "am", "--abort"],
+                cwd=repo,
+                check=False,
+                capture=True,
+                quiet=True,
+            )
             raise WsError(
                 f"patches/{name} does not apply to {self.tag} + the patches "
                 f"before it in patches/series.\n"
@@ -425,7 +455,9 @@ class Workspace:
         if not self.series_file.exists() or self.series_file.read_text() != series:
             self.series_file.write_text(series)
             print("wrote patches/series")
-        print(f"patches/: {len(names)} patches, in sync with {self.tree.relative_to(self.root)}")
+        print(
+            f"patches/: {len(names)} patches, in sync with {self.tree.relative_to(self.root)}"
+        )
 
     # ---------------------------------------------------------- check-series
     def check_series(self) -> None:
@@ -442,24 +474,42 @@ class Workspace:
         print(f"all {len(self.series())} patches apply in order to {self.tag}")
 
     def base_tree(self) -> Path:
-        """build/vllm-base: the unpatched release, importable for comparisons.
+        """build/vllm-base: the unpatched release, importable for comparisons."""
+        return self.snapshot_tree("vllm-base", [])
 
-        The pristine sdist content, with the compiled extensions linked from
-        the installed tree. Put it first on PYTHONPATH to run the base's code
-        (tests/test_deselected.py, the demo).
+    def snapshot_tree(self, name: str, patches: list[str]) -> Path:
+        """build/<name>: the pristine sdist plus `patches` (names in
+        patches/), with the compiled extensions linked from the installed
+        tree. Put it first on PYTHONPATH to run that version's code
+        (tests/test_deselected.py, the demo). Rebuilt when its inputs change.
         """
         lock = self.lock()
-        base = self.root / "build" / "vllm-base"
-        marker = base / ".ws-base"
-        if not (marker.exists() and marker.read_text() == lock.sdist.sha256):
+        path = self.root / "build" / name
+        digest = hashlib.sha256(lock.sdist.sha256.encode())
+        for patch in patches:
+            digest.update(b"\0" + (self.patches / patch).read_bytes())
+        marker = path / ".ws-snapshot"
+        if not (marker.exists() and marker.read_text() == digest.hexdigest()):
             sdist = self.artifact_path(lock.sdist)
-            if base.exists():
-                shutil.rmtree(base)
-            base.mkdir(parents=True)
-            self._extract_sdist(sdist, base)
-            marker.write_text(lock.sdist.sha256)
-        self._link_compiled(base)
-        return base
+            if path.exists():
+                shutil.rmtree(path)
+            path.mkdir(parents=True)
+            self._extract_sdist(sdist, path)
+            if patches:
+                # A repository of its own, so that git apply works relative
+                # to this folder, not to the project around it.
+                self.git("init", "-q", cwd=path)
+                for patch in patches:
+                    res = run(["git", "apply", str(self.patches / patch)], cwd=path,
+                              check=False, capture=True, quiet=True)  # fmt: skip
+                    if res.returncode != 0:
+                        raise WsError(
+                            f"patches/{patch} does not apply in build/{name}:\n"
+                            + describe_failed_hunks(self.patches / patch, res.stderr)
+                        )
+            marker.write_text(digest.hexdigest())
+        self._link_compiled(path)
+        return path
 
     def check_each(self) -> None:
         """Bisectability: every prefix of the series passes the checks of the
@@ -504,7 +554,9 @@ class Workspace:
     def _link_compiled(self, tree: Path) -> None:
         """Link the installed tree's compiled extensions into `tree`."""
         with zipfile.ZipFile(self.artifact_path(self.lock().wheel)) as zf:
-            libs = [n for n in zf.namelist() if n.startswith("vllm/") and n.endswith(".so")]
+            libs = [
+                n for n in zf.namelist() if n.startswith("vllm/") and n.endswith(".so")
+            ]
         for name in libs:
             link, target = tree / name, self.tree / name
             if target.exists() and not link.exists():
@@ -523,10 +575,17 @@ class Workspace:
             steps += [
                 [bin_dir / "ruff", "check", *files],
                 [bin_dir / "ruff", "format", "--check", *files],
-                [self.mypy_venv / "bin" / "python", "tools/pre_commit/mypy.py", "3.10", *files],
+                [
+                    self.mypy_venv / "bin" / "python",
+                    "tools/pre_commit/mypy.py",
+                    "3.10",
+                    *files,
+                ],
             ]
         if tests:
-            steps.append([self.python, "-m", "pytest", "-p", "no:cacheprovider", "-q", *tests])
+            steps.append(
+                [self.python, "-m", "pytest", "-p", "no:cacheprovider", "-q", *tests]
+            )
         env = {
             "PYTHONPATH": str(tree),
             "PATH": f"{self.mypy_venv / 'bin'}:{os.environ.get('PATH', '')}",
@@ -560,7 +619,9 @@ class Workspace:
         lock = self.lock()
         wheel = self.artifact_path(lock.wheel)
         with zipfile.ZipFile(wheel) as zf:
-            libs = [n for n in zf.namelist() if n.startswith("vllm/") and n.endswith(".so")]
+            libs = [
+                n for n in zf.namelist() if n.startswith("vllm/") and n.endswith(".so")
+            ]
         missing = [n for n in libs if not (self.tree / n).exists()]
         origin = run(
             [self.python, "-c",
@@ -568,13 +629,24 @@ class Workspace:
             capture=True, quiet=True,
         ).stdout.strip()  # fmt: skip
         if not missing and Path(origin) == self.tree / "vllm" / "__init__.py":
-            print(f"vllm in .venv is {self.tree.relative_to(self.root)} with upstream's compiled extensions")
+            print(
+                f"vllm in .venv is {self.tree.relative_to(self.root)} with upstream's compiled extensions"
+            )
             return
         # vLLM's documented python-only developer install: copies the compiled
         # extensions out of the verified upstream wheel, installs the tree
         # editable. Dependencies came from `make setup`.
         run(
-            [self.python, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-e", "."],
+            [
+                self.python,
+                "-m",
+                "pip",
+                "install",
+                "--no-deps",
+                "--no-build-isolation",
+                "-e",
+                ".",
+            ],
             cwd=self.tree,
             env={
                 "VLLM_USE_PRECOMPILED": "1",
@@ -592,7 +664,9 @@ SETUP_RECIPE = "v2"
 
 def TOOL_IDENTITY_IF_UNSET() -> dict[str, str]:
     """Committer identity for git, unless the user configured one."""
-    res = subprocess.run(["git", "config", "user.email"], capture_output=True, text=True)
+    res = subprocess.run(
+        ["git", "config", "user.email"], capture_output=True, text=True
+    )
     if res.returncode == 0 and res.stdout.strip():
         return {}
     return {k: v for k, v in TOOL_IDENTITY.items() if k.startswith("GIT_COMMITTER")}
@@ -614,7 +688,9 @@ def describe_failed_hunks(patch: Path, git_output: str) -> str:
     for m in re.finditer(r"error: (.+): does not exist in index", git_output):
         lines.append(f"  {m.group(1)} does not exist in the tree")
     if not lines:
-        lines.append("  git am said:\n    " + git_output.strip().replace("\n", "\n    "))
+        lines.append(
+            "  git am said:\n    " + git_output.strip().replace("\n", "\n    ")
+        )
     return "\n".join(lines)
 
 
@@ -637,8 +713,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "command",
         choices=[
-            "setup", "fetch", "tree", "install", "export", "check-series", "touched",
-            "base-tree", "check-each",
+            "setup",
+            "fetch",
+            "tree",
+            "install",
+            "export",
+            "check-series",
+            "touched",
+            "base-tree",
+            "check-each",
         ],
     )
     args = parser.parse_args(argv)
