@@ -511,10 +511,14 @@ class Workspace:
         self._link_compiled(path)
         return path
 
-    def check_each(self) -> None:
+    def check_each(self, jobs: int = 2) -> None:
         """Bisectability: every prefix of the series passes the checks of the
         patch that ends it: vLLM's ruff, ruff format and mypy on the Python
-        files the patch touches, and pytest on the test files it touches."""
+        files the patch touches, and pytest on the test files it touches.
+
+        `jobs` worktrees share the patches round-robin, each applying the
+        whole series in order and checking its share.
+        """
         if not (self.tree / ".git").exists():
             raise WsError(f"{self.tree} does not exist: run `make tree` first")
         series = self.series()
@@ -532,14 +536,36 @@ class Workspace:
                   f"with these exact inputs before ({stamp.relative_to(self.root)}); "
                   "not repeated")  # fmt: skip
             return
+        with tempfile.TemporaryDirectory() as tmp:
+            procs = []
+            for part in range(jobs):
+                log = open(Path(tmp) / f"{part}.log", "w")
+                cmd = [sys.executable, __file__, "check-each", "--part", f"{part}/{jobs}"]
+                procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
+            failed = False
+            for proc, log in procs:
+                failed |= proc.wait() != 0
+                log.close()
+                print(Path(log.name).read_text(), end="", flush=True)
+        if failed:
+            raise WsError("a patch failed its checks on its own (see above)")
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(digest.hexdigest())
+        print(f"each of the {len(series)} patches passes its checks on its own")
+
+    def check_each_part(self, part: int, parts: int) -> None:
+        """One share of check_each: patches part, part + parts, ..."""
+        series = self.series()
         failed = []
         with tempfile.TemporaryDirectory() as tmp:
             wt = Path(tmp) / "each"
             self.git("worktree", "add", "-q", "--detach", str(wt), self.tag)
             try:
                 self._link_compiled(wt)
-                for name in series:
+                for index, name in enumerate(series):
                     self.apply_patch(wt, name)
+                    if index % parts != part:
+                        continue
                     print(f"=== {name}", flush=True)
                     if not self._check_patch(wt, name):
                         failed.append(name)
@@ -547,9 +573,6 @@ class Workspace:
                 self.git("worktree", "remove", "--force", str(wt), check=False)
         if failed:
             raise WsError("checks failed at: " + ", ".join(failed))
-        stamp.parent.mkdir(parents=True, exist_ok=True)
-        stamp.write_text(digest.hexdigest())
-        print(f"each of the {len(series)} patches passes its checks on its own")
 
     def _link_compiled(self, tree: Path) -> None:
         """Link the installed tree's compiled extensions into `tree`."""
@@ -724,6 +747,7 @@ def main(argv: list[str] | None = None) -> int:
             "check-each",
         ],
     )
+    parser.add_argument("--part", help="check-each: share I/N of the patches")
     args = parser.parse_args(argv)
     ws = Workspace()
     try:
@@ -739,6 +763,9 @@ def main(argv: list[str] | None = None) -> int:
             ws.export()
         elif args.command == "check-series":
             ws.check_series()
+        elif args.command == "check-each" and args.part:
+            part, parts = map(int, args.part.split("/"))
+            ws.check_each_part(part, parts)
         elif args.command == "check-each":
             ws.check_each()
         elif args.command == "base-tree":
