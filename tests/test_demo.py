@@ -52,9 +52,10 @@ def test_never_below_the_physical_limit(rows):
     # replication somewhere.
     for key, row in rows.items():
         for tree in TREES:
-            assert row[tree]["host_bytes_per_token"] >= 0.999 * row[
-                "limit_bytes_per_token"
-            ], (key, tree)
+            assert (
+                row[tree]["host_bytes_per_token"]
+                >= 0.999 * row["limit_bytes_per_token"]
+            ), (key, tree)
 
 
 def test_at_the_limit_where_every_layer_replicates_alike(rows):

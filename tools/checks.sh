@@ -28,21 +28,7 @@ stage_each() {
 
 stage_lint() {
   echo "=== vLLM's ruff check, ruff format --check and mypy on the files the series touches"
-  mapfile -t files < <("$PY" tools/ws.py touched | grep -E '\.pyi?$' | while read -r f; do
-    [ -f "$TREE/$f" ] && echo "$f"; done)
-  if [ "${#files[@]}" -eq 0 ]; then
-    echo "the series touches no Python files: nothing to lint"
-    return 0
-  fi
-  printf '  %s\n' "${files[@]}"
-  local rc=0
-  (cd "$TREE" && ruff check "${files[@]}") || rc=1
-  (cd "$TREE" && ruff format --check "${files[@]}") || rc=1
-  # vLLM's own pre-commit mypy hook (default stage: Python 3.10), in the
-  # hook's own environment (requirements/mypy.txt).
-  (cd "$TREE" && PATH="$ROOT/.venv-mypy/bin:$PATH" \
-     "$ROOT/.venv-mypy/bin/python" tools/pre_commit/mypy.py 3.10 "${files[@]}") || rc=1
-  return $rc
+  "$PY" tools/ws.py lint
 }
 
 stage_upstream_tests() {

@@ -11,6 +11,7 @@ One obvious path, each step idempotent:
     export  build/vllm history -> patches/*.patch + patches/series
     check-series   every patch applies in order to the pristine base
     touched        the files the series touches
+    lint           vLLM's ruff, ruff format and mypy on those files
     check-each     each patch passes its own lint and tests (bisectable)
     base-tree      build/vllm-base: the unpatched release, for comparisons
 
@@ -20,6 +21,7 @@ Only the standard library is used, so this runs before .venv exists.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import re
@@ -29,6 +31,7 @@ import sys
 import tarfile
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -464,14 +467,20 @@ class Workspace:
         """Apply the series to a fresh checkout of the pristine base."""
         if not (self.tree / ".git").exists():
             raise WsError(f"{self.tree} does not exist: run `make tree` first")
+        with self._pristine_worktree() as wt:
+            self.apply_series(wt)
+        print(f"all {len(self.series())} patches apply in order to {self.tag}")
+
+    @contextlib.contextmanager
+    def _pristine_worktree(self) -> Iterator[Path]:
+        """A temporary worktree of the tree at the pristine base."""
         with tempfile.TemporaryDirectory() as tmp:
-            wt = Path(tmp) / "check"
+            wt = Path(tmp) / "pristine"
             self.git("worktree", "add", "-q", "--detach", str(wt), self.tag)
             try:
-                self.apply_series(wt)
+                yield wt
             finally:
                 self.git("worktree", "remove", "--force", str(wt), check=False)
-        print(f"all {len(self.series())} patches apply in order to {self.tag}")
 
     def base_tree(self) -> Path:
         """build/vllm-base: the unpatched release, importable for comparisons."""
@@ -540,8 +549,16 @@ class Workspace:
             procs = []
             for part in range(jobs):
                 log = open(Path(tmp) / f"{part}.log", "w")
-                cmd = [sys.executable, __file__, "check-each", "--part", f"{part}/{jobs}"]
-                procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    "check-each",
+                    "--part",
+                    f"{part}/{jobs}",
+                ]
+                procs.append(
+                    (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log)
+                )
             failed = False
             for proc, log in procs:
                 failed |= proc.wait() != 0
@@ -555,22 +572,16 @@ class Workspace:
 
     def check_each_part(self, part: int, parts: int) -> None:
         """One share of check_each: patches part, part + parts, ..."""
-        series = self.series()
         failed = []
-        with tempfile.TemporaryDirectory() as tmp:
-            wt = Path(tmp) / "each"
-            self.git("worktree", "add", "-q", "--detach", str(wt), self.tag)
-            try:
-                self._link_compiled(wt)
-                for index, name in enumerate(series):
-                    self.apply_patch(wt, name)
-                    if index % parts != part:
-                        continue
-                    print(f"=== {name}", flush=True)
-                    if not self._check_patch(wt, name):
-                        failed.append(name)
-            finally:
-                self.git("worktree", "remove", "--force", str(wt), check=False)
+        with self._pristine_worktree() as wt:
+            self._link_compiled(wt)
+            for index, name in enumerate(self.series()):
+                self.apply_patch(wt, name)
+                if index % parts != part:
+                    continue
+                print(f"=== {name}", flush=True)
+                if not self._check_patch(wt, name):
+                    failed.append(name)
         if failed:
             raise WsError("checks failed at: " + ", ".join(failed))
 
@@ -587,40 +598,54 @@ class Workspace:
                 link.symlink_to(target)
 
     def _check_patch(self, tree: Path, name: str) -> bool:
-        files = [
-            f for f in self._patch_files(name)
-            if f.endswith((".py", ".pyi")) and (tree / f).exists()
-        ]  # fmt: skip
+        files = self._python_files(tree, self._patch_files(name))
+        if not files:
+            print("    no Python files", flush=True)
+            return True
         tests = [f for f in files if re.match(r"tests/.*test_[^/]*\.py$", f)]
-        bin_dir = self.venv / "bin"
-        steps = []
-        if files:
-            steps += [
-                [bin_dir / "ruff", "check", *files],
-                [bin_dir / "ruff", "format", "--check", *files],
-                [
-                    self.mypy_venv / "bin" / "python",
-                    "tools/pre_commit/mypy.py",
-                    "3.10",
-                    *files,
-                ],
-            ]
+        steps = self._lint_steps(files)
         if tests:
             steps.append(
                 [self.python, "-m", "pytest", "-p", "no:cacheprovider", "-q", *tests]
             )
-        env = {
-            "PYTHONPATH": str(tree),
-            "PATH": f"{self.mypy_venv / 'bin'}:{os.environ.get('PATH', '')}",
-        }
+        return self._run_steps(steps, tree, {"PYTHONPATH": str(tree)})
+
+    def lint(self) -> None:
+        """vLLM's lint on the Python files the series touches, in the tree."""
+        files = self._python_files(self.tree, self.touched_files())
+        if not files:
+            print("the series touches no Python files: nothing to lint")
+            return
+        print("".join(f"  {f}\n" for f in files), end="")
+        if not self._run_steps(self._lint_steps(files), self.tree, {}):
+            raise WsError("lint failed (see above)")
+
+    @staticmethod
+    def _python_files(tree: Path, files: list[str]) -> list[str]:
+        return [f for f in files if f.endswith((".py", ".pyi")) and (tree / f).exists()]
+
+    def _lint_steps(self, files: list[str]) -> list[list]:
+        """vLLM's ruff check, ruff format --check and its pre-commit mypy hook
+        (default stage: Python 3.10) in the hook's own environment."""
+        ruff = self.venv / "bin" / "ruff"
+        mypy_python = self.mypy_venv / "bin" / "python"
+        return [
+            [ruff, "check", *files],
+            [ruff, "format", "--check", *files],
+            [mypy_python, "tools/pre_commit/mypy.py", "3.10", *files],
+        ]
+
+    def _run_steps(self, steps: list[list], cwd: Path, env: dict[str, str]) -> bool:
+        """Run each step; print the whole output of a failing one, else its tail."""
+        # tools/pre_commit/mypy.py calls `mypy` from PATH.
+        env = {**env, "PATH": f"{self.mypy_venv / 'bin'}:{os.environ.get('PATH', '')}"}
         ok = True
         for cmd in steps:
-            res = run(cmd, cwd=tree, env=env, check=False, capture=True)
-            tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-3:])
-            print(("    " + tail.replace("\n", "\n    ")) if tail else "", flush=True)
+            res = run(cmd, cwd=cwd, env=env, check=False, capture=True)
+            lines = (res.stdout + res.stderr).strip().splitlines()
+            shown = lines if res.returncode else lines[-3:]
+            print("".join(f"    {line}\n" for line in shown), end="", flush=True)
             ok &= res.returncode == 0
-        if not steps:
-            print("    no Python files", flush=True)
         return ok
 
     def _patch_files(self, name: str) -> list[str]:
@@ -745,6 +770,7 @@ def main(argv: list[str] | None = None) -> int:
             "touched",
             "base-tree",
             "check-each",
+            "lint",
         ],
     )
     parser.add_argument("--part", help="check-each: share I/N of the patches")
@@ -763,6 +789,8 @@ def main(argv: list[str] | None = None) -> int:
             ws.export()
         elif args.command == "check-series":
             ws.check_series()
+        elif args.command == "lint":
+            ws.lint()
         elif args.command == "check-each" and args.part:
             part, parts = map(int, args.part.split("/"))
             ws.check_each_part(part, parts)
