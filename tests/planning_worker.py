@@ -1,0 +1,242 @@
+"""Plans random KV cache layer mixes with whichever vLLM tree `import vllm`
+finds, and writes what get_kv_cache_configs decided to the JSON file named by
+its first argument (tests/test_planning_differential.py runs it in the
+unpatched base and in the patched tree and compares).
+
+    python tests/planning_worker.py OUT.json [NUM_MIXES] [SEED]
+
+The mixes are drawn from the seed alone, so both trees plan the same layers.
+Each layer also draws a `max_tp_shards` declaration; a tree whose
+AttentionSpec has the field gets it, the base cannot. For each mix the
+output holds the plan (groups with their layers and specs, tensors,
+num_blocks, every field that takes part in equality) or the error
+(type and message), plus the tree's kv_tp_replicas (None where the tree has
+none).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import sys
+from dataclasses import fields, is_dataclass
+from enum import Enum
+from fractions import Fraction
+from typing import Any
+
+import torch
+
+NUM_MIXES = 300
+SEED = 7
+TP_SIZES = (1, 2, 4, 8, 16)
+KV_HEADS = (1, 2, 4, 8, 16)
+BLOCK = 16
+
+
+def draw_mixes(seed: int, count: int) -> list[dict[str, Any]]:
+    """Layer mixes as plain data: shapes seen in real models, in random order
+    and with mixed, missing and inconsistent declarations."""
+    rng = random.Random(seed)
+    mixes = []
+    for _ in range(count):
+        tp = rng.choice(TP_SIZES)
+        dcp = rng.choice((1, 1, 1, 2)) if tp > 1 else 1
+        shape = rng.choice(
+            (
+                "random",
+                "mamba-first",
+                "sliding-window-first",
+                "per-layer-kv-heads",
+                "target+draft",
+                "mla",
+                "mla-hybrid",
+            )
+        )
+        kv_heads = rng.choice(KV_HEADS)
+        head = rng.choice((64, 128))
+        # Some models declare every layer as its math says; the others mix
+        # declared and undeclared layers, and values the math does not
+        # support (still valid ints).
+        consistent = rng.random() < 0.3
+
+        def gqa(kind: str, heads: int = kv_heads, size: int = head) -> dict:
+            declare = (
+                heads
+                if consistent
+                else rng.choice((heads, heads, None, 1, 3, 2 * heads))
+            )
+            return {"kind": kind, "kv_heads": heads, "head": size, "declare": declare}
+
+        def mla() -> dict:
+            return {
+                "kind": "mla",
+                "declare": 1 if consistent else rng.choice((1, None)),
+            }
+
+        def mamba() -> dict:
+            return {"kind": "mamba", "padded": rng.random() < 0.7}
+
+        layers: list[tuple[str, dict]] = []
+        n = rng.randint(1, 8)
+        if shape == "random":
+            kinds = ("full", "swa", "chunked", "mla", "mamba")
+            for _ in range(n):
+                kind = rng.choice(kinds)
+                spec = (
+                    mla()
+                    if kind == "mla"
+                    else mamba()
+                    if kind == "mamba"
+                    else gqa(kind)
+                )
+                layers.append(("model.layers", spec))
+        elif shape == "mamba-first":
+            layers.append(("model.layers", mamba()))
+            layers += [("model.layers", gqa("full")) for _ in range(n)]
+        elif shape == "sliding-window-first":
+            layers.append(("model.layers", gqa("swa")))
+            layers += [
+                ("model.layers", gqa(rng.choice(("full", "swa")))) for _ in range(n)
+            ]
+        elif shape == "per-layer-kv-heads":
+            layers += [
+                ("model.layers", gqa("full", heads=rng.choice(KV_HEADS)))
+                for _ in range(n)
+            ]
+        elif shape == "target+draft":
+            layers += [
+                ("model.layers", gqa(rng.choice(("full", "swa")))) for _ in range(n)
+            ]
+            draft_heads = rng.choice(KV_HEADS)
+            draft_head = rng.choice((head, 64, 128))
+            layers += [
+                ("draft_model.layers", gqa("full", draft_heads, draft_head))
+                for _ in range(rng.randint(1, 2))
+            ]
+        elif shape == "mla":
+            layers += [("model.layers", mla()) for _ in range(n)]
+        else:  # mla-hybrid: linear attention / Mamba mixed with MLA
+            layers += [("model.layers", rng.choice((mla(), mamba()))) for _ in range(n)]
+        named = [
+            {"name": f"{prefix}.{i}.attn", **spec}
+            for i, (prefix, spec) in enumerate(layers)
+        ]
+        mixes.append({"tp": tp, "dcp": dcp, "shape": shape, "layers": named})
+    return mixes
+
+
+def build_specs(mix: dict[str, Any]) -> dict[str, Any]:
+    from vllm.v1.kv_cache_interface import (
+        AttentionSpec,
+        ChunkedLocalAttentionSpec,
+        FullAttentionSpec,
+        MambaSpec,
+        MLAAttentionSpec,
+        SlidingWindowSpec,
+    )
+
+    has_field = any(f.name == "max_tp_shards" for f in fields(AttentionSpec))
+    tp = mix["tp"]
+    specs: dict[str, Any] = {}
+    attention_page = None
+    for layer in mix["layers"]:
+        kind = layer["kind"]
+        declare = (
+            {"max_tp_shards": layer["declare"]} if has_field and kind != "mamba" else {}
+        )
+        common = dict(block_size=BLOCK, dtype=torch.bfloat16, **declare)
+        if kind in ("full", "swa", "chunked"):
+            common.update(
+                num_kv_heads=max(1, layer["kv_heads"] // tp), head_size=layer["head"]
+            )
+        if kind == "full":
+            spec = FullAttentionSpec(**common)
+        elif kind == "swa":
+            spec = SlidingWindowSpec(sliding_window=128, **common)
+        elif kind == "chunked":
+            spec = ChunkedLocalAttentionSpec(attention_chunk_size=64, **common)
+        elif kind == "mla":
+            spec = MLAAttentionSpec(num_kv_heads=1, head_size=576, **common)
+        else:
+            spec = None
+        if spec is not None:
+            attention_page = attention_page or spec.page_size_bytes
+        specs[layer["name"]] = spec
+    for layer in mix["layers"]:
+        if layer["kind"] == "mamba":
+            # Padded to the attention page as the platform does, or not.
+            padded = attention_page if layer["padded"] else None
+            specs[layer["name"]] = MambaSpec(
+                block_size=BLOCK,
+                shapes=((2, 64), (4, 8, 8)),
+                dtypes=(torch.bfloat16, torch.float32),
+                page_size_padded=padded,
+                mamba_cache_mode="none",
+            )
+    return specs
+
+
+def canon(obj: Any) -> Any:
+    """A JSON value for a planning result: dataclasses by their fields that
+    take part in equality (so max_tp_shards, which does not, is left out),
+    except KVCacheConfig.kv_tp_replicas, which only the series has."""
+    if is_dataclass(obj) and not isinstance(obj, type):
+        out = {"__type__": type(obj).__name__}
+        for f in fields(obj):
+            if f.compare and f.name != "kv_tp_replicas":
+                out[f.name] = canon(getattr(obj, f.name))
+        return out
+    if isinstance(obj, dict):
+        return {str(k): canon(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [canon(v) for v in obj]
+    if isinstance(obj, (set, frozenset)):
+        return sorted(json.dumps(canon(v), sort_keys=True) for v in obj)
+    if isinstance(obj, (bool, int, float, str)) or obj is None:
+        return obj
+    if isinstance(obj, (Enum, Fraction, torch.dtype)):
+        return str(obj)
+    return repr(obj)
+
+
+def error_text(exc: BaseException) -> str:
+    # A spec's repr in a message shows max_tp_shards in the series only.
+    return re.sub(r"max_tp_shards=[^,)]*(, )?", "", str(exc))
+
+
+def main() -> None:
+    out = sys.argv[1]
+    count = int(sys.argv[2]) if len(sys.argv) > 2 else NUM_MIXES
+    seed = int(sys.argv[3]) if len(sys.argv) > 3 else SEED
+
+    import vllm
+    from vllm.config import ModelConfig, VllmConfig
+    from vllm.utils.mem_constants import GiB_bytes
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
+
+    model_config = ModelConfig(max_model_len=256)
+    results = []
+    for mix in draw_mixes(seed, count):
+        vllm_config = VllmConfig(model_config=model_config)
+        vllm_config.cache_config.kv_cache_layout = "LBNHC"
+        vllm_config.parallel_config.tensor_parallel_size = mix["tp"]
+        vllm_config.parallel_config.decode_context_parallel_size = mix["dcp"]
+        tp = mix["tp"]
+        try:
+            specs = build_specs(mix)
+            configs = get_kv_cache_configs(vllm_config, [specs] * tp, [GiB_bytes] * tp)
+        except Exception as e:  # noqa: BLE001 - the error is the result
+            results.append(
+                {"error": [type(e).__name__, error_text(e)], "kv_tp_replicas": None}
+            )
+            continue
+        replicas = {getattr(cfg, "kv_tp_replicas", None) for cfg in configs}
+        assert len(replicas) == 1, replicas
+        results.append({"plan": canon(configs), "kv_tp_replicas": replicas.pop()})
+    with open(out, "w") as f:
+        json.dump({"vllm": vllm.__path__[0], "results": results}, f)
+
+
+if __name__ == "__main__":
+    main()
