@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 TP_SIZES = (1, 2, 4, 8, 16)
-DCP_SIZES = (1, 2)
+DCP_SIZES = (1, 2, 4, 8)
 
 
 @dataclass(frozen=True)

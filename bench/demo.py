@@ -68,8 +68,14 @@ def run_workers() -> dict[str, dict]:
             rc = proc.wait()
             log.close()
             if rc != 0:
+                for other, _, _ in procs.values():
+                    other.kill()
                 sys.stderr.write(Path(log.name).read_text()[-4000:])
-                raise SystemExit(f"the {name} tree's worker failed ({rc})")
+                raise SystemExit(
+                    f"bench/demo.py: the {name} tree's worker failed (exit "
+                    f"{rc}); its output ends above. Outside `make demo`, "
+                    "source tools/testenv.sh first."
+                )
             results[name] = json.loads(out.read_text())
             # Each result must come from the tree it claims to measure.
             assert Path(results[name]["vllm"]) == trees[name], results[name]["vllm"]
@@ -107,12 +113,12 @@ def _kib(n: float) -> str:
 
 def print_table(rows: list[dict]) -> None:
     header = (
-        f"{'TP':>3} {'DCP':>3} | {'replicas':>11} | "
+        f"{'TP':>3} {'DCP':>3} | {'host copies':>16} | "
         f"{'host KiB per offloaded token':>38} | {'tokens per GiB':>26} | "
         f"{'series/':>7}"
     )
     sub = (
-        f"{'':>3} {'':>3} | {'seed series':>11} | "
+        f"{'':>3} {'':>3} | {'base seed series':>16} | "
         f"{'base':>8} {'seed':>8} {'series':>8} {'limit':>11} | "
         f"{'base':>8} {'seed':>8} {'series':>8} | {'limit':>7}"
     )
@@ -131,7 +137,8 @@ def print_table(rows: list[dict]) -> None:
         base, seed, series = (row[t] for t in TREES)
         limit = row["limit_bytes_per_token"]
         print(
-            f"{lead}{seed['kv_tp_replicas']:>5} {series['kv_tp_replicas']:>5} | "
+            f"{lead}{base['host_copies']:>4} {seed['host_copies']:>4} "
+            f"{series['host_copies']:>6} | "
             f"{_kib(base['host_bytes_per_token']):>8} "
             f"{_kib(seed['host_bytes_per_token']):>8} "
             f"{_kib(series['host_bytes_per_token']):>8} {_kib(limit):>11} | "
@@ -143,7 +150,9 @@ def print_table(rows: list[dict]) -> None:
         "\nbase: vLLM 0.30.0 as released; seed: with the seed patches (up to "
         f"{SEED_LAST_PATCH});\nseries: with all of patches/series. Each column "
         "comes from that tree's own get_kv_cache_configs,\nbuild_offloading_config "
-        "and CPUOffloadingSpec (1 GiB of cpu_bytes_to_use). limit: every distinct\n"
+        "and CPUOffloadingSpec (1 GiB of cpu_bytes_to_use). host copies: of each\n"
+        "offloaded chunk, one per group of TP ranks that hold identical KV. "
+        "limit: every distinct\n"
         "piece of KV stored once (MLA-style caches once, GQA once per KV head, "
         "Mamba state once per rank,\nDCP token shards each once), from one rank's "
         "bytes weighted by each layer's share of its pages;\nseries/limit: host "

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -33,6 +34,27 @@ import architectures  # noqa: E402
 
 GiB = 1 << 30
 MAX_MODEL_LEN = 8192
+
+# The combinations vLLM rejects by design: the exception type and its message
+# (first line, in full), with where vLLM 0.30.0 raises it. Any other exception
+# is a failure of the demo or of its environment (say, a pydantic
+# ValidationError from a ModelConfig that finds no model config) and stops it.
+REJECTED_BY_DESIGN = (
+    # SlidingWindowSpec.max_memory_usage_bytes (vllm/v1/kv_cache_interface.py):
+    # DCP does not support sliding-window attention (DeepSeek-V4's SWA cache).
+    (AssertionError, r"DCP not support sliding window\."),
+    # build_offloading_config
+    # (vllm/distributed/kv_transfer/kv_connector/v1/offloading/config.py):
+    # every group's offloaded block must be a multiple of the hash block; with
+    # DCP a Mamba hybrid's attention blocks span dcp times the tokens of its
+    # Mamba blocks, which then fall short of a hash block.
+    (
+        AssertionError,
+        r"tokens_per_block=\d+ not divisible by tokens_per_hash=\d+\. "
+        r"Hybrid models \(e\.g\. Mamba\+Attention\) need "
+        r"--enable-prefix-caching to align block sizes\.",
+    ),
+)
 
 
 def _layer_specs(arch: architectures.Arch, tp: int) -> dict[str, Any]:
@@ -232,9 +254,16 @@ def measure(arch: architectures.Arch, tp: int, dcp: int) -> dict[str, Any]:
     worker_bytes_per_token = offloading.worker_kv_bytes_per_block / min(
         tokens_per_block
     )
+    # The replica group of each TP rank, where the tree plans one.
+    groups = tuple(getattr(kv_cache_config, "kv_tp_replica_groups", ()))
+    host_groups = tuple(getattr(spec, "host_replica_groups", ()))
     return {
         "kv_tp_replicas": getattr(kv_cache_config, "kv_tp_replicas", None),
+        "kv_tp_replica_groups": list(groups) or None,
         "replicated_layout": spec.replicated_layout,
+        # Host copies of each chunk the CPU spec keeps: one per replica group
+        # it shares, one in all for the replicated layout, else one per rank.
+        "host_copies": len(set(host_groups)) or (1 if spec.replicated_layout else tp),
         "worker_bytes_per_token": worker_bytes_per_token,
         # The physical limit: every distinct piece of KV stored once.
         "limit_bytes_per_token": worker_bytes_per_token
@@ -265,6 +294,15 @@ def _distinct_copies(arch: architectures.Arch, kv_cache_config, tp: int, dcp: in
     return weighted / total
 
 
+def rejected_by_design(e: Exception) -> str | None:
+    """Why vLLM rejects the combination, if `e` is one of REJECTED_BY_DESIGN."""
+    message = (str(e).splitlines() or [""])[0]
+    for kind, pattern in REJECTED_BY_DESIGN:
+        if type(e) is kind and re.fullmatch(pattern, message):
+            return f"{kind.__name__}: {message}"
+    return None
+
+
 def main() -> int:
     import vllm
 
@@ -277,9 +315,11 @@ def main() -> int:
                 row: dict[str, Any] = {"arch": arch.name, "tp": tp, "dcp": dcp}
                 try:
                     row.update(measure(arch, tp, dcp))
-                except (AssertionError, NotImplementedError, ValueError) as e:
-                    # vLLM itself rejects this combination.
-                    row["unsupported"] = f"{type(e).__name__}: {e}".splitlines()[0]
+                except Exception as e:
+                    reason = rejected_by_design(e)
+                    if reason is None:
+                        raise
+                    row["unsupported"] = reason
                 rows.append(row)
     result = {"vllm": str(Path(vllm.__file__).parent.parent), "rows": rows}
     # vLLM logs to stdout, so the result goes to a file.

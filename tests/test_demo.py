@@ -1,8 +1,14 @@
-"""The main job's numbers, from the three trees' real code (bench/demo.py)."""
+"""The main job's numbers, from the three trees' real code (bench/demo.py),
+through the README's own commands, `make demo ARGS=--json` and `make demo`,
+run as a new user runs them: none of tools/testenv.sh's variables set, no
+.venv on PATH, whatever /bin/sh is."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,16 +17,97 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TREES = ("base", "seed", "series")
+sys.path.insert(0, str(ROOT / "bench"))
+import demo  # noqa: E402
+
+
+def user_env() -> dict[str, str]:
+    """A new user's shell: PATH without the project's .venv, HOME, nothing
+    else (no test environment, no make or pytest state)."""
+    venv_bin = os.path.realpath(ROOT / ".venv" / "bin")
+    path = [
+        p
+        for p in os.environ["PATH"].split(os.pathsep)
+        if os.path.realpath(p) != venv_bin
+    ]
+    return {"PATH": os.pathsep.join(path), "HOME": str(Path.home())}
+
+
+def make(*args: str) -> str:
+    res = subprocess.run(
+        ["make", *args], cwd=ROOT, env=user_env(), capture_output=True, text=True
+    )
+    assert res.returncode == 0, f"make {' '.join(args)}:\n{res.stderr[-6000:]}"
+    return res.stdout
 
 
 @pytest.fixture(scope="module")
-def rows():
-    out = subprocess.run(
+def all_rows():
+    # stdout is the JSON alone: the set-up reports on stderr.
+    rows = json.loads(make("demo", "ARGS=--json"))
+    return {(r["arch"], r["tp"], r["dcp"]): r for r in rows}
+
+
+@pytest.fixture(scope="module")
+def rows(all_rows):
+    return {k: r for k, r in all_rows.items() if "unsupported" not in r["series"]}
+
+
+def test_make_demo_prints_the_table_of_these_numbers(all_rows):
+    table = make("demo")
+    expected = io.StringIO()
+    with contextlib.redirect_stdout(expected):
+        demo.print_table(list(all_rows.values()))
+    assert table == expected.getvalue()
+    # The README's headline: DeepSeek-V3.2 at TP 8 keeps one host copy
+    # instead of eight.
+    section = table.split("DeepSeek-V3.2 (MLA + indexer)\n")[1].split("\n\n")[0]
+    line = next(row for row in section.splitlines() if row.startswith("  8   1 |"))
+    fields = line.replace("|", " ").replace(",", "").split()
+    assert fields[2:5] == ["8", "1", "1"], line  # host copies: base, seed, series
+    base_kib, seed_kib, series_kib = map(float, fields[5:8])
+    assert base_kib >= 7.9 * series_kib and seed_kib == series_kib, line
+
+
+def test_only_what_vllm_rejects_by_design_is_not_supported(all_rows):
+    # vLLM 0.30.0's own assertions (bench/kv_tp_worker.py, REJECTED_BY_DESIGN).
+    sliding_window = "AssertionError: DCP not support sliding window."
+
+    def mamba_blocks(dcp: int) -> str:
+        return (
+            "AssertionError: tokens_per_block=64 not divisible by "
+            f"tokens_per_hash={64 * dcp}. Hybrid models (e.g. Mamba+Attention) "
+            "need --enable-prefix-caching to align block sizes."
+        )
+
+    with_dcp = [(tp, dcp) for tp in (2, 4, 8, 16) for dcp in (2, 4, 8) if dcp <= tp]
+    expected = {
+        ("DeepSeek-V4-like (MLA + indexer + SWA)", tp, dcp): sliding_window
+        for tp, dcp in with_dcp
+    } | {("MLA + Mamba hybrid", tp, dcp): mamba_blocks(dcp) for tp, dcp in with_dcp}
+    for key, row in all_rows.items():
+        for tree in TREES:
+            assert row[tree].get("unsupported") == expected.get(key), (key, tree)
+
+
+def test_a_broken_environment_stops_the_demo_with_its_cause(tmp_path):
+    # What `make demo` used to run when /bin/sh could not source
+    # tools/testenv.sh: no model config where HF_HOME points, so every
+    # ModelConfig fails validation. That is no "not supported" row.
+    env = {
+        **user_env(),
+        "VLLM_TARGET_DEVICE": "cpu",
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": str(tmp_path),
+    }
+    res = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "demo.py"), "--json"],
-        check=True, capture_output=True, text=True,
-    ).stdout  # fmt: skip
-    rows = {(r["arch"], r["tp"], r["dcp"]): r for r in json.loads(out)}
-    return {k: r for k, r in rows.items() if "unsupported" not in r["series"]}
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert res.returncode != 0
+    assert res.stdout == ""
+    assert "ValidationError: 1 validation error for ModelConfig" in res.stderr
+    assert "worker failed" in res.stderr
 
 
 def test_deepseek_v32_tp8_stores_one_host_copy_instead_of_eight(rows):
@@ -61,17 +148,56 @@ def test_never_below_the_physical_limit(rows):
 def test_at_the_limit_where_every_layer_replicates_alike(rows):
     uniform = ("DeepSeek", "Llama", "Qwen3-235B", "Qwen2.5")
     for (arch, tp, dcp), row in rows.items():
-        if arch.startswith(uniform) and dcp == 1:
+        if arch.startswith(uniform):
             assert row["series"]["host_bytes_per_token"] == pytest.approx(
                 row["limit_bytes_per_token"], rel=0.01
-            ), (arch, tp)
+            ), (arch, tp, dcp)
+
+
+@pytest.mark.parametrize(
+    "arch, tp, dcp, groups",
+    [
+        ("DeepSeek-V3 (MLA)", 8, 2, [0, 1] * 4),
+        ("DeepSeek-V3 (MLA)", 16, 2, [0, 1] * 8),
+        ("DeepSeek-V3.2 (MLA + indexer)", 16, 2, [0, 1] * 8),
+        ("DeepSeek-V3.2 (MLA + indexer)", 8, 4, [0, 1, 2, 3] * 2),
+        ("Qwen2.5-1.5B-like (GQA, 2 KV heads)", 16, 2, [0, 1] * 4 + [2, 3] * 4),
+        ("Qwen3-235B-like (GQA, 4 KV heads)", 16, 2, [0, 1] * 2 + [2, 3] * 2
+         + [4, 5] * 2 + [6, 7] * 2),
+    ],
+)  # fmt: skip
+def test_dcp_keeps_one_host_copy_per_strided_replica_group(rows, arch, tp, dcp, groups):
+    # Under DCP, ranks with one DCP rank hold the same token share: the
+    # series keeps one copy per such group, at the physical limit; the base
+    # and the seed one per rank.
+    row = rows[(arch, tp, dcp)]
+    base, seed, series = (row[t] for t in TREES)
+    assert series["kv_tp_replica_groups"] == groups
+    assert series["kv_tp_replicas"] == 1
+    assert series["host_copies"] == len(set(groups))
+    assert base["host_copies"] == seed["host_copies"] == tp
+    assert series["host_bytes_per_token"] == pytest.approx(
+        row["limit_bytes_per_token"], rel=0.01
+    )
+    assert (
+        base["host_bytes_per_token"]
+        >= tp / len(set(groups)) * 0.99 * (series["host_bytes_per_token"])
+    )
 
 
 def test_unproven_replication_is_unchanged(rows):
+    # Where a tree claims no two ranks identical, it offloads as the base.
     for key, row in rows.items():
         for tree in ("seed", "series"):
-            if row[tree]["kv_tp_replicas"] == 1:
-                assert row[tree] == {**row["base"], "kv_tp_replicas": 1}, (key, tree)
+            r = row[tree]
+            groups = r["kv_tp_replica_groups"] or range(key[1])
+            if r["kv_tp_replicas"] == 1 and len(set(groups)) == key[1]:
+                expected = {
+                    **row["base"],
+                    "kv_tp_replicas": 1,
+                    "kv_tp_replica_groups": r["kv_tp_replica_groups"],
+                }
+                assert r == expected, (key, tree)
 
 
 def test_base_tree_has_no_replica_count(rows):
