@@ -32,6 +32,7 @@ SEED = 7
 TP_SIZES = (1, 2, 4, 8, 16)
 KV_HEADS = (1, 2, 4, 8, 16)
 BLOCK = 16
+SERIES_ONLY = ("kv_tp_replicas", "kv_tp_replica_groups")
 
 
 def draw_mixes(seed: int, count: int) -> list[dict[str, Any]]:
@@ -180,11 +181,12 @@ def build_specs(mix: dict[str, Any]) -> dict[str, Any]:
 def canon(obj: Any) -> Any:
     """A JSON value for a planning result: dataclasses by their fields that
     take part in equality (so max_tp_shards, which does not, is left out),
-    except KVCacheConfig.kv_tp_replicas, which only the series has."""
+    except what only the series has: KVCacheConfig.kv_tp_replicas and
+    kv_tp_replica_groups (reported on their own)."""
     if is_dataclass(obj) and not isinstance(obj, type):
         out = {"__type__": type(obj).__name__}
         for f in fields(obj):
-            if f.compare and f.name != "kv_tp_replicas":
+            if f.compare and f.name not in SERIES_ONLY:
                 out[f.name] = canon(getattr(obj, f.name))
         return out
     if isinstance(obj, dict):
@@ -228,12 +230,24 @@ def main() -> None:
             configs = get_kv_cache_configs(vllm_config, [specs] * tp, [GiB_bytes] * tp)
         except Exception as e:  # noqa: BLE001 - the error is the result
             results.append(
-                {"error": [type(e).__name__, error_text(e)], "kv_tp_replicas": None}
+                {
+                    "error": [type(e).__name__, error_text(e)],
+                    "kv_tp_replicas": None,
+                    "kv_tp_replica_groups": None,
+                }
             )
             continue
         replicas = {getattr(cfg, "kv_tp_replicas", None) for cfg in configs}
-        assert len(replicas) == 1, replicas
-        results.append({"plan": canon(configs), "kv_tp_replicas": replicas.pop()})
+        groups = {getattr(cfg, "kv_tp_replica_groups", None) for cfg in configs}
+        assert len(replicas) == len(groups) == 1, (replicas, groups)
+        group = groups.pop()
+        results.append(
+            {
+                "plan": canon(configs),
+                "kv_tp_replicas": replicas.pop(),
+                "kv_tp_replica_groups": None if group is None else list(group),
+            }
+        )
     with open(out, "w") as f:
         json.dump({"vllm": vllm.__path__[0], "results": results}, f)
 

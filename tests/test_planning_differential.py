@@ -48,6 +48,25 @@ def _expected_replicas(mix: dict) -> int:
     return replicas or 1
 
 
+def _expected_groups(mix: dict) -> list[int]:
+    """The replica groups from what each rank holds of each layer: a declared
+    attention layer whose shards divide TP, its head shard and, under DCP,
+    its DCP rank (tp_rank % dcp); anything else, something of its own. Empty
+    when no two ranks hold the same."""
+    tp, dcp = mix["tp"], mix["dcp"]
+    held: list[list] = [[] for _ in range(tp)]
+    for layer in mix["layers"]:
+        shards = layer.get("declare")
+        for rank in range(tp):
+            if shards is not None and tp % shards == 0:
+                held[rank].append((rank // (tp // shards), rank % dcp))
+            else:
+                held[rank].append(("own", rank))
+    ids: dict[tuple, int] = {}
+    groups = [ids.setdefault(tuple(h), len(ids)) for h in held]
+    return [] if len(ids) == tp else groups
+
+
 def test_random_layer_mixes_plan_as_in_the_base(tmp_path):
     workspace = ws.Workspace(ROOT)
     procs = {
@@ -70,14 +89,18 @@ def test_random_layer_mixes_plan_as_in_the_base(tmp_path):
         assert b.get("plan") == s.get("plan"), f"mix {i} plans differently: {mix}"
         assert b.get("error") == s.get("error"), f"mix {i} fails differently: {mix}"
         assert b["kv_tp_replicas"] is None, "the base has no kv_tp_replicas"
+        assert b["kv_tp_replica_groups"] is None, "nor replica groups"
         if "plan" in s:
             assert s["kv_tp_replicas"] == _expected_replicas(mix), f"mix {i}: {mix}"
+            assert s["kv_tp_replica_groups"] == _expected_groups(mix), f"mix {i}"
 
     # The comparison covers what it claims: most mixes plan, some of them
     # with replication claimed, and the shapes of the issue are all there.
     planned = [s for s in series if "plan" in s]
     assert len(planned) > 0.8 * NUM_MIXES
     assert sum(s["kv_tp_replicas"] > 1 for s in planned) > 0.05 * NUM_MIXES
+    # ... and some with replica groups that are not runs (DCP).
+    assert any(s["kv_tp_replica_groups"] and s["kv_tp_replicas"] == 1 for s in planned)
     assert any("error" in s for s in series)
     shapes = {mix["shape"] for mix in mixes}
     assert {"mamba-first", "sliding-window-first", "target+draft"} <= shapes
