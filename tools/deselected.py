@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Read testenv/deselected.txt: `<pytest node id>  # <reason>` per line.
+"""Read bases/<V>/deselected.txt: `<pytest node id>  # <reason>` per line.
 
-`--args` prints the pytest arguments that deselect them, one per line.
+`deselected.py V --args` prints the pytest arguments that deselect base V's
+entries, one per line; `deselected.py V` lists them with their reasons.
 An entry without a reason is an error: every deselection must say why.
 """
 
@@ -10,10 +11,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-FILE = Path(__file__).resolve().parent.parent / "testenv" / "deselected.txt"
+BASES = Path(__file__).resolve().parent.parent / "bases"
 
 
-def entries(path: Path = FILE) -> list[tuple[str, str]]:
+def entries(base: str) -> list[tuple[str, str]]:
+    path = BASES / base / "deselected.txt"
     out = []
     for lineno, raw in enumerate(path.read_text().splitlines(), 1):
         line = raw.strip()
@@ -27,10 +29,12 @@ def entries(path: Path = FILE) -> list[tuple[str, str]]:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--args"]:
-        for node, _ in entries():
+    if len(sys.argv) == 3 and sys.argv[2] == "--args":
+        for node, _ in entries(sys.argv[1]):
             print("--deselect")
             print(node)
-    else:
-        for node, reason in entries():
+    elif len(sys.argv) == 2:
+        for node, reason in entries(sys.argv[1]):
             print(f"{node}: {reason}")
+    else:
+        raise SystemExit("usage: deselected.py <base> [--args]")

@@ -1,7 +1,8 @@
 # Environment for running vLLM's own tests, and the demo, on a machine without
-# a GPU or hub access. Sourced by tools/checks.sh and `make demo`; source it
-# yourself from the repository root to run pytest by hand:
-#   source tools/testenv.sh && cd build/vllm && pytest tests/v1/core/...
+# a GPU or hub access, with base $BASE's .venv-$BASE first on PATH (default:
+# the newest base of bases/). Sourced by tools/checks.sh and `make demo`;
+# source it yourself from the repository root to run pytest by hand:
+#   BASE=0.33.0; . tools/testenv.sh && cd build/vllm-0.33.0 && python -m pytest tests/v1/core/...
 # Plain POSIX sh: make runs recipes with /bin/sh, which is dash on Debian.
 # bash knows the path of a sourced file; other shells find it from the current
 # folder, which must then be the repository root.
@@ -11,9 +12,11 @@ if [ ! -f "$_ws_root/tools/testenv.sh" ]; then
   unset _ws_root
   return 1
 fi
-if [ ! -x "$_ws_root/.venv/bin/python" ]; then
-  echo "tools/testenv.sh: $_ws_root/.venv is missing: run \`make install\` first" >&2
-  unset _ws_root
+_ws_base=${BASE:-$(ls "$_ws_root/bases" | sort -V | tail -n 1)}
+_ws_venv=$_ws_root/.venv-$_ws_base
+if [ ! -x "$_ws_venv/bin/python" ]; then
+  echo "tools/testenv.sh: $_ws_venv is missing: run \`make install BASE=$_ws_base\` first" >&2
+  unset _ws_root _ws_base _ws_venv
   return 1
 fi
 
@@ -28,10 +31,10 @@ export VLLM_TARGET_DEVICE=cpu
 export HF_HUB_OFFLINE=1
 export TRANSFORMERS_OFFLINE=1
 export HF_HOME="$_ws_root/.cache/hf"
-export PATH="$_ws_root/.venv/bin:$PATH"
-if ! "$_ws_root/.venv/bin/python" "$_ws_root/tools/hf_cache.py" >/dev/null; then
+export PATH="$_ws_venv/bin:$PATH"
+if ! "$_ws_venv/bin/python" "$_ws_root/tools/hf_cache.py" >/dev/null; then
   echo "tools/testenv.sh: tools/hf_cache.py failed to generate $HF_HOME" >&2
-  unset _ws_root
+  unset _ws_root _ws_base _ws_venv
   return 1
 fi
-unset _ws_root
+unset _ws_root _ws_base _ws_venv

