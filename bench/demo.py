@@ -130,18 +130,23 @@ def _kib(n: float) -> str:
 
 
 def print_table(rows: list[dict]) -> None:
+    # Column labels under each release, and the widths of the copy columns.
     short = ("rel", "seed", "series", "rel", "series")
+    widths = [max(4, len(s)) for s in short]
+    copies_w = sum(widths) + len(widths) - 1  # 0.30.0 spans the first three
+    kib_w = 9 * len(short) + 8
     header = (
-        f"{'TP':>3} {'DCP':>3} | {'host copies':^26} | "
-        f"{'host KiB per offloaded token':^52} | {'series/limit':^13}"
+        f"{'TP':>3} {'DCP':>3} | {'host copies':^{copies_w}} | "
+        f"{'host KiB per offloaded token':^{kib_w}} | {'series/limit':^13}"
     )
     bases = (
-        f"{'':>3} {'':>3} | {'0.30.0':<15}{'0.33.0':<11} | "
-        f"{'0.30.0':<27}{'0.33.0':<25} | {'0.30.0':>6} {'0.33.0':>6}"
+        f"{'':>3} {'':>3} | {'0.30.0':<{sum(widths[:3]) + 3}}"
+        f"{'0.33.0':<{sum(widths[3:]) + 1}} | {'0.30.0':<27}{'0.33.0':<{kib_w - 27}} "
+        f"| {'0.30.0':>6} {'0.33.0':>6}"
     )
     sub = (
         f"{'':>3} {'':>3} | "
-        + " ".join(f"{s:>4}" if s != "series" else f"{s:>6}" for s in short)
+        + " ".join(f"{s:>{w}}" for s, w in zip(short, widths))
         + " | "
         + " ".join(f"{s:>8}" for s in short)
         + f" {'limit':>8} | {'':>13}"
@@ -160,10 +165,7 @@ def print_table(rows: list[dict]) -> None:
             continue
         trees = [row[t] for t in LABELS]
         limit = row["limit_bytes_per_token"]
-        copies = " ".join(
-            f"{t['host_copies']:>6}" if s == "series" else f"{t['host_copies']:>4}"
-            for s, t in zip(short, trees)
-        )
+        copies = " ".join(f"{t['host_copies']:>{w}}" for w, t in zip(widths, trees))
         kib = " ".join(f"{_kib(t['host_bytes_per_token']):>8}" for t in trees)
         ratios = " ".join(
             f"{row[t]['host_bytes_per_token'] / limit:>5.2f}x"
@@ -172,17 +174,17 @@ def print_table(rows: list[dict]) -> None:
         print(f"{lead}{copies} | {kib} {_kib(limit):>8} | {ratios}")
     print(
         "\nrel: the vLLM release as published (0.33.0 has upstream's own version "
-        "of the seed); seed: 0.30.0 with\nthe seed patches (up to "
-        f"{SEED_LAST_PATCH}); series: with all of patches/<release>/series.\n"
-        "Each column comes from that tree's own get_kv_cache_configs, "
-        "build_offloading_config and\nCPUOffloadingSpec (1 GiB of "
-        "cpu_bytes_to_use; tokens per GiB are in --json). host copies: of each\n"
-        "offloaded chunk, one per group of TP ranks that hold identical KV. "
-        "limit: every distinct piece of KV\nstored once (MLA-style caches once, "
-        "GQA once per KV head, Mamba state once per rank, DCP token\nshards each "
-        "once), from one rank's bytes weighted by each layer's share of its pages; "
-        "series/limit:\nhost bytes of each series over that limit (alignment "
-        "padding shows as a little over 1)."
+        "of the seed);\nseed: 0.30.0 with the seed patches (up to "
+        f"{SEED_LAST_PATCH});\nseries: with all of patches/<release>/series. "
+        "Each column comes from that tree's own\nget_kv_cache_configs, "
+        "build_offloading_config and CPUOffloadingSpec (1 GiB of cpu_bytes_to_use;\n"
+        "tokens per GiB are in --json). host copies: of each offloaded chunk, one "
+        "per group of TP\nranks that hold identical KV. limit: every distinct "
+        "piece of KV stored once (MLA-style caches\nonce, GQA once per KV head, "
+        "Mamba state once per rank, DCP token shards each once), from one\nrank's "
+        "bytes weighted by each layer's share of its pages; series/limit: host "
+        "bytes of each\nseries over that limit (alignment padding shows as a "
+        "little over 1)."
     )
 
 

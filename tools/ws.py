@@ -390,7 +390,9 @@ class Workspace:
         if (self.tree / ".git").exists():
             self.check_no_unexported_work()
             if self.in_sync():
-                print(f"{self.rel(self.tree)} is up to date with {self.rel(self.series_file)}")
+                print(
+                    f"{self.rel(self.tree)} is up to date with {self.rel(self.series_file)}"
+                )
                 return
             old = self.git("rev-parse", "HEAD").strip()
             self.git("checkout", "-q", "-B", "main", self.tag)
@@ -978,6 +980,7 @@ def run_command(ws: Workspace, args: argparse.Namespace) -> None:
         print(ws.base_tree())
     elif args.command == "touched":
         print("\n".join(ws.touched_files()))
+
 
 if __name__ == "__main__":
     sys.exit(main())
