@@ -4,22 +4,30 @@ its first argument (tests/test_planning_differential.py runs it in the
 unpatched base and in the patched tree and compares).
 
     python tests/planning_worker.py OUT.json [NUM_MIXES] [SEED]
+        [--base VERSION] [--release]
 
-The mixes are drawn from the seed alone, so both trees plan the same layers.
-Each layer also draws a `max_tp_shards` declaration; a tree whose
-AttentionSpec has the field gets it, the base cannot. For each mix the
-output holds the plan (groups with their layers and specs, tensors,
-num_blocks, every field that takes part in equality) or the error
-(type and message), plus the tree's kv_tp_replicas (None where the tree has
-none).
+--base names the vLLM release the tree is (default 0.30.0): it selects the
+planning API to call and the layers the mixes may hold (0.33.0's mixes also
+have TP-replicated Mamba state). The mixes are drawn from the seed and the
+base alone, so both trees plan the same layers.
+
+Each attention layer also draws a `max_tp_shards` declaration; a tree whose
+AttentionSpec has the field gets it. With --release, the layers declare
+only what the release's own layers declare (RELEASE_DECLARATIONS: in 0.33.0
+MLAAttention declares max_tp_shards=1, GQA nothing), which is what users of
+the unpatched release get. For each mix the output holds the plan (groups
+with their layers and specs, tensors, num_blocks, every field that takes
+part in equality but the replication ones) or the error (type and message),
+plus the tree's kv_tp_replicas and kv_tp_replica_groups (None where the tree
+has none).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import re
-import sys
 from dataclasses import fields, is_dataclass
 from enum import Enum
 from fractions import Fraction
@@ -32,12 +40,25 @@ SEED = 7
 TP_SIZES = (1, 2, 4, 8, 16)
 KV_HEADS = (1, 2, 4, 8, 16)
 BLOCK = 16
-SERIES_ONLY = ("kv_tp_replicas", "kv_tp_replica_groups")
+# What is claimed about replication, not planning: the declarations (which
+# differ between the runs by design; the series leaves max_tp_shards out of
+# equality, 0.33.0 compares it) and the replication reported, compared on
+# their own.
+REPLICATION_FIELDS = ("max_tp_shards", "kv_tp_replicas", "kv_tp_replica_groups")
+BASES = ("0.30.0", "0.33.0")
+# The max_tp_shards each release's own layers declare, by layer kind.
+RELEASE_DECLARATIONS: dict[str, dict[str, int]] = {
+    "0.30.0": {},
+    "0.33.0": {"mla": 1},  # MLAAttention.get_kv_cache_spec
+}
 
 
-def draw_mixes(seed: int, count: int) -> list[dict[str, Any]]:
+def draw_mixes(seed: int, count: int, base: str = "0.30.0") -> list[dict[str, Any]]:
     """Layer mixes as plain data: shapes seen in real models, in random order
-    and with mixed, missing and inconsistent declarations."""
+    and with mixed, missing and inconsistent declarations. 0.33.0's mixes
+    also have Mamba state that every TP rank holds in full (tp_replicated);
+    0.30.0's are drawn as they always were."""
+    assert base in BASES, base
     rng = random.Random(seed)
     mixes = []
     for _ in range(count):
@@ -76,7 +97,10 @@ def draw_mixes(seed: int, count: int) -> list[dict[str, Any]]:
             }
 
         def mamba() -> dict:
-            return {"kind": "mamba", "padded": rng.random() < 0.7}
+            layer = {"kind": "mamba", "padded": rng.random() < 0.7}
+            if base != "0.30.0":
+                layer["tp_replicated"] = rng.random() < 0.3
+            return layer
 
         layers: list[tuple[str, dict]] = []
         n = rng.randint(1, 8)
@@ -127,7 +151,9 @@ def draw_mixes(seed: int, count: int) -> list[dict[str, Any]]:
     return mixes
 
 
-def build_specs(mix: dict[str, Any]) -> dict[str, Any]:
+def build_specs(mix: dict[str, Any], release: dict[str, int] | None) -> dict[str, Any]:
+    """The mix's specs, each attention layer with its drawn declaration, or
+    with `release`'s (by kind) when given, where the tree has the field."""
     from vllm.v1.kv_cache_interface import (
         AttentionSpec,
         ChunkedLocalAttentionSpec,
@@ -143,9 +169,8 @@ def build_specs(mix: dict[str, Any]) -> dict[str, Any]:
     attention_page = None
     for layer in mix["layers"]:
         kind = layer["kind"]
-        declare = (
-            {"max_tp_shards": layer["declare"]} if has_field and kind != "mamba" else {}
-        )
+        shards = layer.get("declare") if release is None else release.get(kind)
+        declare = {"max_tp_shards": shards} if has_field and kind != "mamba" else {}
         common = dict(block_size=BLOCK, dtype=torch.bfloat16, **declare)
         if kind in ("full", "swa", "chunked"):
             common.update(
@@ -168,25 +193,31 @@ def build_specs(mix: dict[str, Any]) -> dict[str, Any]:
         if layer["kind"] == "mamba":
             # Padded to the attention page as the platform does, or not.
             padded = attention_page if layer["padded"] else None
+            replicated = (
+                {"tp_replicated": layer["tp_replicated"]}
+                if "tp_replicated" in layer
+                else {}
+            )
             specs[layer["name"]] = MambaSpec(
                 block_size=BLOCK,
                 shapes=((2, 64), (4, 8, 8)),
                 dtypes=(torch.bfloat16, torch.float32),
                 page_size_padded=padded,
                 mamba_cache_mode="none",
+                **replicated,
             )
     return specs
 
 
 def canon(obj: Any) -> Any:
     """A JSON value for a planning result: dataclasses by their fields that
-    take part in equality (so max_tp_shards, which does not, is left out),
-    except what only the series has: KVCacheConfig.kv_tp_replicas and
-    kv_tp_replica_groups (reported on their own)."""
+    take part in equality, except the replication ones (max_tp_shards,
+    KVCacheConfig.kv_tp_replicas and kv_tp_replica_groups: reported on their
+    own)."""
     if is_dataclass(obj) and not isinstance(obj, type):
         out = {"__type__": type(obj).__name__}
         for f in fields(obj):
-            if f.compare and f.name not in SERIES_ONLY:
+            if f.compare and f.name not in REPLICATION_FIELDS:
                 out[f.name] = canon(getattr(obj, f.name))
         return out
     if isinstance(obj, dict):
@@ -207,26 +238,52 @@ def error_text(exc: BaseException) -> str:
     return re.sub(r"max_tp_shards=[^,)]*(, )?", "", str(exc))
 
 
+def plan_function(base: str):
+    """get_kv_cache_configs(vllm_config, specs, memory) in `base`'s API."""
+    if base == "0.30.0":
+        from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
+
+        return get_kv_cache_configs
+    # 0.33.0 groups the layers of all workers first, as the engine core does.
+    from vllm.v1.core.kv_cache_planning import (
+        get_global_kv_cache_groups,
+        get_kv_cache_configs,
+    )
+
+    def plan(vllm_config, kv_cache_specs, available_memory):
+        groups = get_global_kv_cache_groups(vllm_config, kv_cache_specs)
+        return get_kv_cache_configs(
+            vllm_config, kv_cache_specs, available_memory, groups
+        )
+
+    return plan
+
+
 def main() -> None:
-    out = sys.argv[1]
-    count = int(sys.argv[2]) if len(sys.argv) > 2 else NUM_MIXES
-    seed = int(sys.argv[3]) if len(sys.argv) > 3 else SEED
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out")
+    parser.add_argument("count", type=int, nargs="?", default=NUM_MIXES)
+    parser.add_argument("seed", type=int, nargs="?", default=SEED)
+    parser.add_argument("--base", choices=BASES, default="0.30.0")
+    parser.add_argument("--release", action="store_true")
+    args = parser.parse_args()
+    release = RELEASE_DECLARATIONS[args.base] if args.release else None
 
     import vllm
     from vllm.config import ModelConfig, VllmConfig
     from vllm.utils.mem_constants import GiB_bytes
-    from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
 
+    get_kv_cache_configs = plan_function(args.base)
     model_config = ModelConfig(max_model_len=256)
     results = []
-    for mix in draw_mixes(seed, count):
+    for mix in draw_mixes(args.seed, args.count, args.base):
         vllm_config = VllmConfig(model_config=model_config)
         vllm_config.cache_config.kv_cache_layout = "LBNHC"
         vllm_config.parallel_config.tensor_parallel_size = mix["tp"]
         vllm_config.parallel_config.decode_context_parallel_size = mix["dcp"]
         tp = mix["tp"]
         try:
-            specs = build_specs(mix)
+            specs = build_specs(mix, release)
             configs = get_kv_cache_configs(vllm_config, [specs] * tp, [GiB_bytes] * tp)
         except Exception as e:  # noqa: BLE001 - the error is the result
             results.append(
@@ -248,7 +305,7 @@ def main() -> None:
                 "kv_tp_replica_groups": None if group is None else list(group),
             }
         )
-    with open(out, "w") as f:
+    with open(args.out, "w") as f:
         json.dump({"vllm": vllm.__path__[0], "results": results}, f)
 
 

@@ -2,7 +2,12 @@
 KV cache layer mixes plan exactly as in the unpatched base (the same groups,
 layers, specs, tensors and num_blocks, or the same error), whatever the
 layers declare, and the series' kv_tp_replicas is what each layer's own
-declaration proves."""
+declaration proves.
+
+For each base: the unpatched release plans the layers as its users get them
+today (declaring only what the release's own layers declare: nothing in
+0.30.0, max_tp_shards=1 on MLA in 0.33.0), the series plans them with
+random declarations (mixed, missing, inconsistent, uneven)."""
 
 from __future__ import annotations
 
@@ -13,22 +18,27 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import ws
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "planning_worker.py"
-NUM_MIXES = 1000
-# planning_worker.py speaks vLLM 0.30.0's planning API.
-BASE = "0.30.0"
+# Per base, to keep the runtime of both within a few minutes on two cores.
+NUM_MIXES = {"0.30.0": 1000, "0.33.0": 600}
 
 sys.path.insert(0, str(WORKER.parent))
 import planning_worker  # noqa: E402
 
 
-def _plan(python: Path, tree: Path, out: Path) -> subprocess.Popen:
+def _plan(
+    workspace: ws.Workspace, tree: Path, out: Path, release: bool
+) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(tree)}
+    base = workspace.base
+    args = [str(out), str(NUM_MIXES[base]), str(planning_worker.SEED)]
+    args += ["--base", base] + (["--release"] if release else [])
     return subprocess.Popen(
-        [python, str(WORKER), str(out), str(NUM_MIXES)],
+        [workspace.python, str(WORKER), *args],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -38,13 +48,33 @@ def _plan(python: Path, tree: Path, out: Path) -> subprocess.Popen:
 
 def _expected_replicas(mix: dict) -> int:
     """kv_tp_replicas from each layer's declaration, by the rule written out
-    independently: a declared attention layer whose shards divide TP, without
-    DCP, has tp // shards replicas; anything else has 1."""
+    independently: a declared attention layer whose shards divide TP has
+    tp // shards replicas, except under DCP (its layers are DCP-sharded); a
+    Mamba state that every rank holds in full (tp_replicated) has tp;
+    anything else has 1."""
     tp, replicas = mix["tp"], 0
     for layer in mix["layers"]:
-        shards = layer.get("declare")
-        ok = shards is not None and mix["dcp"] == 1 and tp % shards == 0
-        replicas = math.gcd(replicas, tp // shards if ok else 1)
+        if layer["kind"] == "mamba":
+            layer_replicas = tp if layer.get("tp_replicated") else 1
+        else:
+            shards = layer.get("declare")
+            ok = shards is not None and mix["dcp"] == 1 and tp % shards == 0
+            layer_replicas = tp // shards if ok else 1
+        replicas = math.gcd(replicas, layer_replicas)
+    return replicas or 1
+
+
+def _release_replicas(base: str, mix: dict) -> int | None:
+    """The unpatched release's own kv_tp_replicas for its declarations (see
+    planning_worker.RELEASE_DECLARATIONS): 0.30.0 has none; 0.33.0 counts
+    MLA (max_tp_shards=1: tp replicas, 1 under DCP) and nothing else (not
+    even tp_replicated Mamba state)."""
+    if base == "0.30.0":
+        return None
+    replicas = 0
+    for layer in mix["layers"]:
+        mla = layer["kind"] == "mla" and mix["dcp"] == 1
+        replicas = math.gcd(replicas, mix["tp"] if mla else 1)
     return replicas or 1
 
 
@@ -67,11 +97,17 @@ def _expected_groups(mix: dict) -> list[int]:
     return [] if len(ids) == tp else groups
 
 
-def test_random_layer_mixes_plan_as_in_the_base(tmp_path):
-    workspace = ws.Workspace(ROOT, BASE)
+@pytest.mark.parametrize("base", sorted(NUM_MIXES))
+def test_random_layer_mixes_plan_as_in_the_base(tmp_path, base):
+    workspace = ws.Workspace(ROOT, base)
+    num_mixes = NUM_MIXES[base]
     procs = {
-        "base": _plan(workspace.python, workspace.base_tree(), tmp_path / "base.json"),
-        "series": _plan(workspace.python, workspace.tree, tmp_path / "series.json"),
+        "base": _plan(
+            workspace, workspace.base_tree(), tmp_path / "base.json", release=True
+        ),
+        "series": _plan(
+            workspace, workspace.tree, tmp_path / "series.json", release=False
+        ),
     }
     results = {}
     for name, proc in procs.items():
@@ -80,27 +116,37 @@ def test_random_layer_mixes_plan_as_in_the_base(tmp_path):
         results[name] = json.loads((tmp_path / f"{name}.json").read_text())
     assert Path(results["base"]["vllm"]) == workspace.base_tree() / "vllm"
     assert Path(results["series"]["vllm"]) == workspace.tree / "vllm"
-    base, series = results["base"]["results"], results["series"]["results"]
-    mixes = planning_worker.draw_mixes(planning_worker.SEED, NUM_MIXES)
-    assert len(base) == len(series) == len(mixes) == NUM_MIXES
+    base_results = results["base"]["results"]
+    series = results["series"]["results"]
+    mixes = planning_worker.draw_mixes(planning_worker.SEED, num_mixes, base)
+    assert len(base_results) == len(series) == len(mixes) == num_mixes
+    # 0.33.0's series has no replica groups.
+    has_groups = base == "0.30.0"
 
-    for i, (mix, b, s) in enumerate(zip(mixes, base, series)):
+    for i, (mix, b, s) in enumerate(zip(mixes, base_results, series)):
         # Identical planning, or the identical error.
         assert b.get("plan") == s.get("plan"), f"mix {i} plans differently: {mix}"
         assert b.get("error") == s.get("error"), f"mix {i} fails differently: {mix}"
-        assert b["kv_tp_replicas"] is None, "the base has no kv_tp_replicas"
-        assert b["kv_tp_replica_groups"] is None, "nor replica groups"
+        release_replicas = _release_replicas(base, mix) if "plan" in b else None
+        assert b["kv_tp_replicas"] == release_replicas, f"mix {i}: {mix}"
+        assert b["kv_tp_replica_groups"] is None, "the base has no replica groups"
         if "plan" in s:
             assert s["kv_tp_replicas"] == _expected_replicas(mix), f"mix {i}: {mix}"
-            assert s["kv_tp_replica_groups"] == _expected_groups(mix), f"mix {i}"
+            if has_groups:
+                assert s["kv_tp_replica_groups"] == _expected_groups(mix), f"mix {i}"
+            else:
+                assert s["kv_tp_replica_groups"] is None, f"mix {i}"
 
     # The comparison covers what it claims: most mixes plan, some of them
     # with replication claimed, and the shapes of the issue are all there.
     planned = [s for s in series if "plan" in s]
-    assert len(planned) > 0.8 * NUM_MIXES
-    assert sum(s["kv_tp_replicas"] > 1 for s in planned) > 0.05 * NUM_MIXES
-    # ... and some with replica groups that are not runs (DCP).
-    assert any(s["kv_tp_replica_groups"] and s["kv_tp_replicas"] == 1 for s in planned)
+    assert len(planned) > 0.8 * num_mixes
+    assert sum(s["kv_tp_replicas"] > 1 for s in planned) > 0.05 * num_mixes
+    if has_groups:
+        # ... and some with replica groups that are not runs (DCP).
+        assert any(
+            s["kv_tp_replica_groups"] and s["kv_tp_replicas"] == 1 for s in planned
+        )
     assert any("error" in s for s in series)
     shapes = {mix["shape"] for mix in mixes}
     assert {"mamba-first", "sliding-window-first", "target+draft"} <= shapes
@@ -109,4 +155,14 @@ def test_random_layer_mixes_plan_as_in_the_base(tmp_path):
         for mix in mixes
         if len({layer.get("declare") for layer in mix["layers"]}) > 1
     ]
-    assert len(mixed) > 0.5 * NUM_MIXES
+    assert len(mixed) > 0.5 * num_mixes
+    if base != "0.30.0":
+        # TP-replicated Mamba state, alone and next to attention, planned.
+        replicated = [
+            s
+            for mix, s in zip(mixes, series)
+            if "plan" in s
+            and any(layer.get("tp_replicated") for layer in mix["layers"])
+        ]
+        assert sum(s["kv_tp_replicas"] > 1 for s in replicated) > 5
+        assert sum(s["kv_tp_replicas"] == 1 for s in replicated) > 5
