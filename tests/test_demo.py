@@ -210,3 +210,44 @@ def test_unproven_replication_is_unchanged(rows):
 
 def test_base_tree_has_no_replica_count(rows):
     assert all(r["0.30.0"].get("kv_tp_replicas") is None for r in rows.values())
+
+
+def test_033_two_kv_heads_at_tp8_store_two_copies_instead_of_eight(rows):
+    # What users of today's vLLM gain: 0.33.0 keeps one host copy per rank
+    # of a GQA model whose KV heads repeat across ranks; with the series, one
+    # per KV head (runs of 4 ranks share one).
+    row = rows[("Qwen2.5-1.5B-like (GQA, 2 KV heads)", 8, 1)]
+    release, series = row["0.33.0"], row["0.33.0+series"]
+    assert release["host_copies"] == 8 and release["kv_tp_replicas"] == 1
+    assert series["host_copies"] == 2 and series["kv_tp_replicas"] == 4
+    assert series["host_bytes_per_token"] == release["host_bytes_per_token"] / 4
+    assert series["host_bytes_per_token"] == pytest.approx(
+        row["limit_bytes_per_token"], rel=0.01
+    )
+
+
+def test_033_series_reaches_the_limit_without_dcp(rows):
+    # Every model whose layers all replicate alike, at DCP 1 (the 0.33.0
+    # series has no DCP replica groups: under DCP it offloads as 0.33.0).
+    uniform = ("DeepSeek", "Llama", "Qwen3-235B", "Qwen2.5")
+    for (arch, tp, dcp), row in rows.items():
+        if arch.startswith(uniform) and dcp == 1:
+            assert row["0.33.0+series"]["host_bytes_per_token"] == pytest.approx(
+                row["limit_bytes_per_token"], rel=0.01
+            ), (arch, tp)
+
+
+def test_033_series_keeps_what_the_release_already_dedups(rows):
+    # MLA-style models: 0.33.0 itself keeps one copy; the series keeps that.
+    for (arch, tp, dcp), row in rows.items():
+        if arch.startswith("DeepSeek") and dcp == 1 and tp > 1:
+            assert row["0.33.0"]["host_copies"] == 1, (arch, tp)
+            assert row["0.33.0+series"] == row["0.33.0"], (arch, tp)
+
+
+def test_033_unproven_replication_is_unchanged(rows):
+    # Where the 0.33.0 series proves no two ranks identical, it offloads
+    # exactly as the release.
+    for key, row in rows.items():
+        if row["0.33.0+series"]["kv_tp_replicas"] == 1:
+            assert row["0.33.0+series"] == row["0.33.0"], key

@@ -17,8 +17,8 @@ WS=(python3 tools/ws.py)
 
 declare -a RESULTS=()
 status=0
-record() {  # name rc
-  if [ "$2" -eq 0 ]; then RESULTS+=("PASS  $1"); else RESULTS+=("FAIL  $1"); status=1; fi
+record() {  # name rc seconds
+  if [ "$2" -eq 0 ]; then RESULTS+=("PASS  $1 ($3 s)"); else RESULTS+=("FAIL  $1 ($3 s)"); status=1; fi
 }
 
 stage_series() {  # base
@@ -70,7 +70,8 @@ stage_e2e() {
 }
 
 run_stage() {  # name function [base]
-  "${@:2}"; record "$1" $?
+  local start=$SECONDS
+  "${@:2}"; record "$1" $? $((SECONDS - start))
 }
 
 per_base() {  # name function
