@@ -66,14 +66,24 @@ def test_make_demo_prints_the_table_of_these_numbers(all_rows):
     with contextlib.redirect_stdout(expected):
         demo.print_table(list(all_rows.values()))
     assert table == expected.getvalue()
-    # The README's headline: DeepSeek-V3.2 at TP 8 keeps one host copy
-    # instead of eight.
-    section = table.split("DeepSeek-V3.2 (MLA + indexer)\n")[1].split("\n\n")[0]
-    line = next(row for row in section.splitlines() if row.startswith("  8   1 |"))
-    fields = line.replace("|", " ").replace(",", "").split()
-    assert fields[2:5] == ["8", "1", "1"], line  # host copies: base, seed, series
-    base_kib, seed_kib, series_kib = map(float, fields[5:8])
-    assert base_kib >= 7.9 * series_kib and seed_kib == series_kib, line
+
+    def row(arch: str) -> list[str]:
+        """The TP 8, DCP 1 row of `arch`: TP, DCP, host copies of the five
+        trees, host KiB of the five trees and the limit, series/limit."""
+        section = table.split(f"{arch}\n")[1].split("\n\n")[0]
+        line = next(r for r in section.splitlines() if r.startswith("  8   1 |"))
+        return line.replace("|", " ").replace(",", "").split()
+
+    # The README's headlines. DeepSeek-V3.2 at TP 8 keeps one host copy
+    # instead of eight with the seed, and 0.33.0 already does.
+    fields = row("DeepSeek-V3.2 (MLA + indexer)")
+    assert fields[2:7] == ["8", "1", "1", "1", "1"], fields
+    base_kib, seed_kib, series_kib = map(float, fields[7:10])
+    assert base_kib >= 7.9 * series_kib and seed_kib == series_kib, fields
+    # 2 KV heads at TP 8: 0.33.0 keeps 8 host copies, its series 2.
+    fields = row("Qwen2.5-1.5B-like (GQA, 2 KV heads)")
+    assert fields[5:7] == ["8", "2"], fields
+    assert float(fields[10]) == 4 * float(fields[11]), fields
 
 
 def test_only_what_vllm_rejects_by_design_is_not_supported(all_rows):
