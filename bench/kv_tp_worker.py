@@ -171,19 +171,18 @@ def _layer_specs(arch: architectures.Arch, tp: int) -> dict[str, Any]:
 def _gqa_attention(arch: architectures.Arch, tp: int) -> Any:
     """A real Attention layer as TP rank 0 of `tp` builds it, the way Llama
     and Qwen build theirs: num_kv_heads is the rank's share of the model's KV
-    heads, and the total is passed on where this tree's Attention takes it."""
+    heads, and the (unquantized) QKVParallelLinear that produces them is
+    passed on where this tree's Attention takes it."""
     import inspect
 
     from vllm.config import CacheConfig, VllmConfig
     from vllm.config.vllm import set_current_vllm_config
     from vllm.distributed import parallel_state
     from vllm.model_executor.layers.attention.attention import Attention
+    from vllm.model_executor.layers.linear import QKVParallelLinear
 
     assert arch.kv_heads is not None
-    kwargs = {}
-    if "total_num_kv_heads" in inspect.signature(Attention.__init__).parameters:
-        kwargs["total_num_kv_heads"] = arch.kv_heads
-    heads = 64
+    heads, head_dim = 64, 128
     fake_tp_group = SimpleNamespace(world_size=tp, rank_in_group=0)
     # With the model config, as in a model's constructor (0.33.0's CPU
     # attention backend reads its dtype).
@@ -191,10 +190,16 @@ def _gqa_attention(arch: architectures.Arch, tp: int) -> Any:
         set_current_vllm_config(VllmConfig(model_config=_model_config())),
         patch.object(parallel_state, "_TP", fake_tp_group),
     ):
+        kwargs = {}
+        if "kv_proj" in inspect.signature(Attention.__init__).parameters:
+            # The projection's input size does not matter for its claim.
+            kwargs["kv_proj"] = QKVParallelLinear(
+                head_dim, head_dim, heads, arch.kv_heads, prefix=f"gqa.tp{tp}.qkv"
+            )
         return Attention(
             heads // tp,
-            128,
-            128**-0.5,
+            head_dim,
+            head_dim**-0.5,
             num_kv_heads=max(1, arch.kv_heads // tp),
             cache_config=CacheConfig(cache_dtype=arch.cache_dtype),
             prefix=f"gqa.tp{tp}.attn",
