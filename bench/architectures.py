@@ -49,6 +49,7 @@ ARCHITECTURES = (
         use_mla=False,
         kv_heads=8,
     ),
+    Arch("GLM-4.5-like (GQA, 8 KV heads)", ("gqa",) * 92, use_mla=False, kv_heads=8),
     Arch("Qwen3-235B-like (GQA, 4 KV heads)", ("gqa",) * 94, use_mla=False, kv_heads=4),
     Arch(
         "Qwen2.5-1.5B-like (GQA, 2 KV heads)", ("gqa",) * 28, use_mla=False, kv_heads=2

@@ -163,7 +163,7 @@ def test_never_below_the_physical_limit(rows):
 
 
 def test_at_the_limit_where_every_layer_replicates_alike(rows):
-    uniform = ("DeepSeek", "Llama", "Qwen3-235B", "Qwen2.5")
+    uniform = ("DeepSeek", "Llama", "GLM-4.5", "Qwen3-235B", "Qwen2.5")
     for (arch, tp, dcp), row in rows.items():
         if arch.startswith(uniform):
             assert row["0.30.0+series"]["host_bytes_per_token"] == pytest.approx(
@@ -239,7 +239,7 @@ def test_033_two_kv_heads_at_tp8_store_two_copies_instead_of_eight(rows):
 def test_033_series_reaches_the_limit_without_dcp(rows):
     # Every model whose layers all replicate alike, at DCP 1 (the 0.33.0
     # series has no DCP replica groups: under DCP it offloads as 0.33.0).
-    uniform = ("DeepSeek", "Llama", "Qwen3-235B", "Qwen2.5")
+    uniform = ("DeepSeek", "Llama", "GLM-4.5", "Qwen3-235B", "Qwen2.5")
     for (arch, tp, dcp), row in rows.items():
         if arch.startswith(uniform) and dcp == 1:
             assert row["0.33.0+series"]["host_bytes_per_token"] == pytest.approx(
