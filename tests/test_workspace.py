@@ -456,3 +456,60 @@ def test_worktrees_get_the_sdist_sources_git_ignores(workspace):
         workspace._link_compiled(wt)
         assert (wt / "vllm" / "kernel_hip.py").read_text() == HIP_SOURCE
         assert git(wt, "status", "--porcelain") == ""
+
+
+def test_check_each_leaves_to_the_suites_only_tests_on_the_final_code(
+    workspace, monkeypatch
+):
+    # Three patches: code and its test; another test; docs. Only the patches
+    # after which no Python changes leave their suite tests to the suites.
+    workspace.make_tree()
+    tree = workspace.tree
+    commit_change(tree, "return 41", "return 42", "[Core] Answer")
+    (tree / "tests").mkdir()
+    (tree / "tests" / "test_core.py").write_text("def test_core():\n    pass\n")
+    git(tree, "add", "tests")
+    git(tree, "commit", "-q", "--amend", "--no-edit")
+    (tree / "tests" / "test_other.py").write_text("def test_other():\n    pass\n")
+    git(tree, "add", "tests")
+    git(tree, "commit", "-q", "-s", "-m", "[Test] Other\n\nBecause tests.")
+    (tree / "README.md").write_text("stand-in, documented\n")
+    git(tree, "commit", "-q", "-a", "-s", "-m", "[Doc] Document\n\nBecause docs.")
+    workspace.export()
+    workspace.suites_file.write_text("# group path\n1 tests/\n")
+    checked = []
+
+    def check_patch(tree, name, suites):
+        checked.append((name.split("-", 1)[1], suites))
+        return True
+
+    monkeypatch.setattr(workspace, "_check_patch", check_patch)
+    for leave in (False, True):
+        checked.clear()
+        queue = workspace.root / f"queue-{leave}"
+        queue.write_text("0")
+        workspace.check_each_worker(queue, leave_to_suites=leave)
+        suites = ["tests/"] if leave else []
+        assert checked == [
+            ("Core-Answer.patch", []),
+            ("Test-Other.patch", suites),
+            ("Doc-Document.patch", suites),
+        ]
+        assert queue.read_text() == "4"  # three taken, then the end seen
+    assert ws._under("tests/v1/test_a.py", "tests/v1/")
+    assert ws._under("tests/v1/test_a.py", "tests/v1/test_a.py")
+    assert not ws._under("tests/v1/test_ab.py", "tests/v1/test_a")
+
+
+def test_wheel_of_a_tree_with_unexported_work_is_refused(workspace):
+    import wheels
+
+    workspace.make_tree()
+    (workspace.tree / "vllm" / "core.py").write_text("changed\n")
+    with pytest.raises(ws.WsError, match="uncommitted changes") as e:
+        wheels.build_wheel(workspace)
+    assert "make export BASE=9.9.9" in str(e.value)
+    assert not (workspace.root / "dist").exists()
+    commit_change(workspace.tree, "changed", "changed again", "[Core] Change")
+    with pytest.raises(ws.WsError, match="commits that are not in patches/9.9.9"):
+        wheels.build_wheel(workspace)

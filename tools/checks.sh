@@ -26,9 +26,15 @@ stage_series() {  # base
   "${WS[@]}" --base "$1" check-series
 }
 
-stage_each() {  # base
+stage_each() {  # base [--leave-to-suites]
   echo "=== $1: each patch on its own: its lint and the tests it touches (bisectable)"
-  "${WS[@]}" --base "$1" check-each
+  "${WS[@]}" --base "$1" check-each "${@:2}"
+}
+
+# `make test` runs the suites next: check-each leaves them the test files of
+# the patches after which the tree's Python no longer changes.
+stage_each_before_suites() {  # base
+  stage_each "$1" --leave-to-suites
 }
 
 stage_lint() {  # base
@@ -87,7 +93,7 @@ case "${1:-all}" in
   all)
     per_base "series applies" stage_series
     per_base lint stage_lint
-    per_base "each patch on its own" stage_each
+    per_base "each patch on its own" stage_each_before_suites
     per_base "vLLM suites" stage_upstream_tests
     run_stage "project tests" stage_project_tests
     run_stage "end to end" stage_e2e

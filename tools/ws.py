@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import hashlib
 import os
 import re
@@ -37,6 +38,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 import zipfile
 import zlib
 from collections.abc import Iterator
@@ -566,35 +568,45 @@ class Workspace:
             digest.update(b"\0" + (self.patches / patch).read_bytes())
         marker = path / ".ws-snapshot"
         if not (marker.exists() and marker.read_text() == digest.hexdigest()):
-            sdist = self.artifact_path(lock.sdist)
             if path.exists():
                 shutil.rmtree(path)
-            path.mkdir(parents=True)
-            self._extract_sdist(sdist, path)
-            if patches:
-                # A repository of its own, so that git apply works relative
-                # to this folder, not to the project around it.
-                self.git("init", "-q", cwd=path)
-                for patch in patches:
-                    res = run(["git", "apply", str(self.patches / patch)], cwd=path,
-                              check=False, capture=True, quiet=True)  # fmt: skip
-                    if res.returncode != 0:
-                        raise WsError(
-                            f"{self.rel(self.patches / patch)} does not apply in "
-                            f"{self.rel(path)}:\n"
-                            + describe_failed_hunks(self.patches / patch, res.stderr)
-                        )
+            self.patched_sources(path, patches)
             marker.write_text(digest.hexdigest())
         self._link_compiled(path)
         return path
 
-    def check_each(self, jobs: int = 2) -> None:
+    def patched_sources(self, path: Path, patches: list[str]) -> None:
+        """Extract the pristine sdist into the new folder `path` and apply
+        `patches` (names in patches/V/), nothing else."""
+        path.mkdir(parents=True)
+        self._extract_sdist(self.artifact_path(self.lock().sdist), path)
+        if patches:
+            # A repository of its own, so that git apply works relative to
+            # this folder, not to the project around it.
+            self.git("init", "-q", cwd=path)
+            for patch in patches:
+                res = run(["git", "apply", str(self.patches / patch)], cwd=path,
+                          check=False, capture=True, quiet=True)  # fmt: skip
+                if res.returncode != 0:
+                    raise WsError(
+                        f"{self.rel(self.patches / patch)} does not apply in "
+                        f"{path}:\n"
+                        + describe_failed_hunks(self.patches / patch, res.stderr)
+                    )
+
+    def check_each(self, jobs: int = 2, leave_to_suites: bool = False) -> None:
         """Bisectability: every prefix of the series passes the checks of the
         patch that ends it: vLLM's ruff, ruff format and mypy on the Python
         files the patch touches, and pytest on the test files it touches.
 
-        `jobs` worktrees share the patches round-robin, each applying the
-        whole series in order and checking its share.
+        `jobs` worktrees take the patches from one queue, in series order,
+        each applying the series up to the patch it takes.
+
+        `leave_to_suites` (`make test`, which runs the base's suites next):
+        a patch after which no patch touches a Python file leaves the tree's
+        Python as the whole series leaves it, so its test files that the
+        suites run (bases/V/upstream-suites.txt) are left to the suites
+        instead of run twice on the same code. Its lint still runs here.
         """
         if not (self.tree / ".git").exists():
             raise WsError(
@@ -606,29 +618,28 @@ class Workspace:
         inputs = [self.lock_file, self.base_dir / "mypy.txt",
                   *sorted((self.root / "requirements").glob("*.txt")),
                   Path(__file__), self.series_file, *(self.patches / n for n in series)]  # fmt: skip
-        digest = hashlib.sha256()
-        for path in inputs:
-            if path.exists():
-                digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-        stamp = self.root / ".cache" / f"check-each-{self.base}.ok"
-        if stamp.exists() and stamp.read_text() == digest.hexdigest():
-            print(f"each of the {len(series)} patches passed its checks on its own "
-                  f"with these exact inputs before ({self.rel(stamp)}); "
-                  "not repeated")  # fmt: skip
-            return
+        cache = self.root / ".cache"
+        # A full pass stands for a pass that left tests to the suites too.
+        stamps = [(cache / f"check-each-{self.base}.ok", _digest(inputs))]
+        if leave_to_suites:
+            stamps.append((cache / f"check-each-{self.base}-leave-to-suites.ok",
+                           _digest([*inputs, self.suites_file])))  # fmt: skip
+        for stamp, value in stamps:
+            if stamp.exists() and stamp.read_text() == value:
+                print(f"each of the {len(series)} patches passed its checks on "
+                      f"its own with these exact inputs before "
+                      f"({self.rel(stamp)}); not repeated")  # fmt: skip
+                return
         with tempfile.TemporaryDirectory() as tmp:
+            queue = Path(tmp) / "next"
+            queue.write_text("0")
             procs = []
             for part in range(jobs):
                 log = open(Path(tmp) / f"{part}.log", "w")
-                cmd = [
-                    sys.executable,
-                    __file__,
-                    "--base",
-                    self.base,
-                    "check-each",
-                    "--part",
-                    f"{part}/{jobs}",
-                ]
+                cmd = [sys.executable, __file__, "--base", self.base, "check-each",
+                       "--queue", str(queue)]  # fmt: skip
+                if leave_to_suites:
+                    cmd.append("--leave-to-suites")
                 procs.append(
                     (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log)
                 )
@@ -639,24 +650,50 @@ class Workspace:
                 print(Path(log.name).read_text(), end="", flush=True)
         if failed:
             raise WsError("a patch failed its checks on its own (see above)")
+        stamp, value = stamps[-1]
         stamp.parent.mkdir(parents=True, exist_ok=True)
-        stamp.write_text(digest.hexdigest())
+        stamp.write_text(value)
         print(f"each of the {len(series)} patches passes its checks on its own")
 
-    def check_each_part(self, part: int, parts: int) -> None:
-        """One share of check_each: patches part, part + parts, ..."""
+    def check_each_worker(self, queue: Path, leave_to_suites: bool) -> None:
+        """One worktree of check_each: takes the next patch of the series from
+        `queue` (a file holding its index, shared by every worker) until none
+        is left."""
+        series = self.series()
+        python_after = [False] * len(series)  # a later patch touches Python
+        for index in range(len(series) - 2, -1, -1):
+            python_after[index] = python_after[index + 1] or bool(
+                self._python_files(self.tree, self._patch_files(series[index + 1]))
+            )
+        suites = self.suite_paths() if leave_to_suites else []
         failed = []
+        applied = 0
         with self._pristine_worktree() as wt:
             self._link_compiled(wt)
-            for index, name in enumerate(self.series()):
-                self.apply_patch(wt, name)
-                if index % parts != part:
-                    continue
+            while (index := _take_next(queue)) < len(series):
+                for name in series[applied : index + 1]:
+                    self.apply_patch(wt, name)
+                applied = index + 1
+                name = series[index]
                 print(f"=== {name}", flush=True)
-                if not self._check_patch(wt, name):
+                skip = [] if python_after[index] else suites
+                if not self._check_patch(wt, name, skip):
                     failed.append(name)
         if failed:
             raise WsError("checks failed at: " + ", ".join(failed))
+
+    @property
+    def suites_file(self) -> Path:
+        return self.base_dir / "upstream-suites.txt"
+
+    def suite_paths(self) -> list[str]:
+        """The test paths of bases/V/upstream-suites.txt."""
+        paths = []
+        for line in self.suites_file.read_text().splitlines():
+            fields = line.split("#", 1)[0].split()
+            if len(fields) == 2:
+                paths.append(fields[1])
+        return paths
 
     def _link_compiled(self, tree: Path) -> None:
         """Link into `tree` what the installed tree holds under vllm/ but
@@ -678,12 +715,20 @@ class Workspace:
                 link.parent.mkdir(parents=True, exist_ok=True)
                 link.symlink_to(self.tree / name)
 
-    def _check_patch(self, tree: Path, name: str) -> bool:
+    def _check_patch(self, tree: Path, name: str, suites: list[str]) -> bool:
+        """Lint of the patch's Python files and pytest on its test files but
+        those under `suites` (test paths the suites stage runs on this same
+        code)."""
         files = self._python_files(tree, self._patch_files(name))
         if not files:
             print("    no Python files", flush=True)
             return True
         tests = [f for f in files if re.match(r"tests/.*test_[^/]*\.py$", f)]
+        left = [f for f in tests if any(_under(f, path) for path in suites)]
+        if left:
+            print("    left to the suites stage, which runs them on the same "
+                  "code: " + " ".join(left), flush=True)  # fmt: skip
+            tests = [f for f in tests if f not in left]
         steps = self._lint_steps(files)
         if tests:
             steps.append(
@@ -723,10 +768,13 @@ class Workspace:
         env = {**env, "PATH": f"{self.mypy_venv / 'bin'}:{os.environ.get('PATH', '')}"}
         ok = True
         for cmd in steps:
+            start = time.monotonic()
             res = run(cmd, cwd=cwd, env=env, check=False, capture=True)
             lines = (res.stdout + res.stderr).strip().splitlines()
             shown = lines if res.returncode else lines[-3:]
-            print("".join(f"    {line}\n" for line in shown), end="", flush=True)
+            print("".join(f"    {line}\n" for line in shown), end="")
+            seconds = time.monotonic() - start
+            print(f"    ({Path(cmd[0]).name} {cmd[1]}: {seconds:.0f} s)", flush=True)
             ok &= res.returncode == 0
         return ok
 
@@ -843,6 +891,32 @@ class Workspace:
 SETUP_RECIPE = "v2"
 
 
+def _digest(paths: list[Path]) -> str:
+    """The digest of the names and contents of `paths` (absent ones apart)."""
+    digest = hashlib.sha256()
+    for path in paths:
+        if path.exists():
+            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _take_next(queue: Path) -> int:
+    """The index in `queue` (see Workspace.check_each_worker), incremented
+    under a lock shared by every worker."""
+    with queue.open("r+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        index = int(f.read())
+        f.seek(0)
+        f.write(str(index + 1))
+        f.truncate()
+        return index
+
+
+def _under(path: str, suite: str) -> bool:
+    """Whether test file `path` is suite path `suite` or lies under it."""
+    return path == suite or path.startswith(suite.rstrip("/") + "/")
+
+
 def _extension_members(wheel: Path) -> list[str]:
     """The compiled extensions (vllm/**.so) in a wheel."""
     with zipfile.ZipFile(wheel) as zf:
@@ -927,7 +1001,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--base", help="the base (a folder of bases/); default: every base in turn"
     )
-    parser.add_argument("--part", help="check-each: share I/N of the patches")
+    parser.add_argument(
+        "--queue", type=Path, help="check-each: one worker of a run (internal)"
+    )
+    parser.add_argument(
+        "--leave-to-suites",
+        action="store_true",
+        help="check-each: leave to the suites stage the test files it runs on "
+        "the same code (make test)",
+    )
     parser.add_argument(
         "--extensions",
         choices=sorted(EXTENSIONS),
@@ -971,11 +1053,10 @@ def run_command(ws: Workspace, args: argparse.Namespace) -> None:
         ws.check_series()
     elif args.command == "lint":
         ws.lint()
-    elif args.command == "check-each" and args.part:
-        part, parts = map(int, args.part.split("/"))
-        ws.check_each_part(part, parts)
+    elif args.command == "check-each" and args.queue:
+        ws.check_each_worker(args.queue, args.leave_to_suites)
     elif args.command == "check-each":
-        ws.check_each()
+        ws.check_each(leave_to_suites=args.leave_to_suites)
     elif args.command == "base-tree":
         print(ws.base_tree())
     elif args.command == "touched":
