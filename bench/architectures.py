@@ -7,8 +7,15 @@ Each layer kind is built by the vLLM layer class that owns it
   cache (132 B/token).
 - "dsv4": DeepSeek-V4-like: compressed MLA (head 512, 4 tokens/state), its
   indexer cache, and the 128-token sliding-window cache.
-- "gqa": grouped-query attention, head size 128, bf16, `kv_heads` in all.
+- "gqa": grouped-query attention, bf16, `kv_heads` in all, of `head_dim`.
+- "draft": the attention layer of a Llama-based EAGLE-3 draft: 8 KV heads of
+  128.
 - "mamba": a Mamba2 mixer, TP-sharded by head.
+- "linear": the linear-attention state of the model whose published config
+  `model_dir` (bench/models/) holds: shapes and dtypes from the model class's
+  own get_mamba_state_shape_from_config / dtype, and the block sizes vLLM
+  picks for the hybrid (Platform._align_hybrid_block_size: the attention page
+  holds one state, the state page padded to it). TP-sharded by head.
 """
 
 from __future__ import annotations
@@ -27,16 +34,40 @@ class Arch:
     kv_heads: int | None = None
     cache_dtype: str = "auto"
     block_size: int = 64
+    # The TP size the model is usually served at: its line of the summary.
+    usual_tp: int = 8
+    head_dim: int = 128
+    # bench/models/<model_dir>/config.json: a hybrid's published config.
+    model_dir: str | None = None
+
+    def kv_heads_of(self, kind: str) -> int | None:
+        return {"gqa": self.kv_heads, "draft": DRAFT_KV_HEADS}.get(kind)
 
     def supports(self, tp: int, dcp: int) -> bool:
         if dcp == 1:
             return True
         # vLLM's ModelConfig: DCP on GQA needs tp > kv_heads and
         # dcp <= tp // kv_heads (it splits the replicas of each head).
-        if "gqa" in self.layers:
-            assert self.kv_heads is not None
-            return tp > self.kv_heads and dcp <= tp // self.kv_heads
+        for kind in {"gqa", "draft"} & set(self.layers):
+            heads = self.kv_heads_of(kind)
+            assert heads is not None
+            if not (tp > heads and dcp <= tp // heads):
+                return False
         return True
+
+
+DRAFT_KV_HEADS = 8
+
+
+def nemotron_nano_layers() -> tuple[str, ...]:
+    """Nemotron-Nano-like: its hybrid_override_pattern, M a Mamba2 layer and *
+    an attention layer (the MLP layers keep no cache)."""
+    import json
+    from pathlib import Path
+
+    config = Path(__file__).parent / "models" / "nemotron-nano-like" / "config.json"
+    pattern = json.loads(config.read_text())["hybrid_override_pattern"]
+    return tuple({"M": "linear", "*": "gqa"}[c] for c in pattern if c in "M*")
 
 
 ARCHITECTURES = (
@@ -48,14 +79,53 @@ ARCHITECTURES = (
         ("gqa",) * 126,
         use_mla=False,
         kv_heads=8,
+        usual_tp=16,
     ),
-    Arch("GLM-4.5-like (GQA, 8 KV heads)", ("gqa",) * 92, use_mla=False, kv_heads=8),
+    Arch(
+        "GLM-4.5-like (GQA, 8 KV heads)",
+        ("gqa",) * 92,
+        use_mla=False,
+        kv_heads=8,
+        usual_tp=16,
+    ),
     Arch("Qwen3-235B-like (GQA, 4 KV heads)", ("gqa",) * 94, use_mla=False, kv_heads=4),
     Arch(
-        "Qwen2.5-1.5B-like (GQA, 2 KV heads)", ("gqa",) * 28, use_mla=False, kv_heads=2
+        "Qwen2.5-1.5B-like (GQA, 2 KV heads)",
+        ("gqa",) * 28,
+        use_mla=False,
+        kv_heads=2,
+        usual_tp=2,
     ),
     Arch("MLA + GQA-8 mix", ("mla", "gqa") * 20, use_mla=True, kv_heads=8),
     Arch("MLA + Mamba hybrid", ("mla", "mamba", "mamba", "mamba") * 12, use_mla=True),
+    # Setups people deploy: targets with drafts, hybrids.
+    Arch(
+        "DeepSeek-V3 + EAGLE-3 draft (8 KV heads)",
+        ("mla",) * 61 + ("draft",),
+        use_mla=True,
+    ),
+    Arch("DeepSeek-V3 + MTP draft", ("mla",) * 62, use_mla=True),
+    Arch(
+        "Qwen3-235B-like + EAGLE-3 draft (8 KV heads)",
+        ("gqa",) * 94 + ("draft",),
+        use_mla=False,
+        kv_heads=4,
+    ),
+    Arch(
+        "Qwen3.5/Qwen3-Next-like (3 GDN : 1 attention, 2 KV heads)",
+        ("linear", "linear", "linear", "gqa") * 12,
+        use_mla=False,
+        kv_heads=2,
+        head_dim=256,
+        model_dir="qwen3-next-like",
+    ),
+    Arch(
+        "Nemotron-Nano-like (Mamba2 hybrid, 2 KV heads)",
+        nemotron_nano_layers(),
+        use_mla=False,
+        kv_heads=2,
+        model_dir="nemotron-nano-like",
+    ),
 )
 
 
@@ -67,9 +137,10 @@ def distinct_shards(kind: str, arch: Arch, tp: int, dcp: int) -> int:
     over `dcp` ranks on top."""
     if kind in ("mla", "dsv32", "dsv4"):
         return dcp
-    if kind == "gqa":
-        assert arch.kv_heads is not None
-        return min(tp, arch.kv_heads) * dcp
-    if kind == "mamba":
+    if kind in ("gqa", "draft"):
+        heads = arch.kv_heads_of(kind)
+        assert heads is not None
+        return min(tp, heads) * dcp
+    if kind in ("mamba", "linear"):
         return tp
     raise ValueError(kind)

@@ -30,6 +30,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import ws  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "bench"))
+import architectures  # noqa: E402
+
+GiB = 1 << 30
+
 WORKER = ROOT / "bench" / "kv_tp_worker.py"
 # The last patch of the seed (the first part of the 0.30.0 series).
 SEED_LAST_PATCH = "0005-Doc-Document-KV-cache-replication-across-TP-ranks.patch"
@@ -129,6 +134,99 @@ def _kib(n: float) -> str:
     return f"{n / 1024:,.1f}"
 
 
+def _ok(row: dict) -> bool:
+    return not any("unsupported" in row[t] for t in LABELS)
+
+
+def summary_rows(rows: list[dict]) -> list[dict]:
+    """One row per model: at the TP size it is usually served at, DCP 1."""
+    usual = {a.name: a.usual_tp for a in architectures.ARCHITECTURES}
+    return [r for r in rows if r["dcp"] == 1 and r["tp"] == usual.get(r["arch"])]
+
+
+def _tokens(n: float) -> str:
+    return f"{n:,.0f}"
+
+
+def print_summary(rows: list[dict]) -> None:
+    """What each model gains at its usual TP size: offloaded tokens that fit
+    in 1 GiB of cpu_bytes_to_use, vLLM 0.33.0 against 0.33.0 with the series
+    and the physical limit."""
+    print(
+        "Offloaded tokens per GiB of host memory (cpu_bytes_to_use), at each "
+        "model's usual TP size:\n"
+    )
+    width = max(len(a.name) for a in architectures.ARCHITECTURES)
+    head = (
+        f"{'model':<{width}} {'TP':>3} | {'0.33.0':>8} {'canonical':>9} "
+        f"{'series':>8} {'limit':>8} | {'gain':>6} {'of limit':>8}"
+    )
+    print(head)
+    print("-" * len(head))
+    for row in summary_rows(rows):
+        if not _ok(row):
+            continue
+        release, series = row["0.33.0"], row["0.33.0+series"]
+        canonical = release["canonical"]["worker"]["tokens_per_gib"]
+        limit = GiB / row["limit_bytes_per_token"]
+        print(
+            f"{row['arch']:<{width}} {row['tp']:>3} | "
+            f"{_tokens(release['tokens_per_gib']):>8} {_tokens(canonical):>9} "
+            f"{_tokens(series['tokens_per_gib']):>8} {_tokens(limit):>8} | "
+            f"{series['tokens_per_gib'] / release['tokens_per_gib']:>5.1f}x "
+            f"{series['tokens_per_gib'] / limit:>7.0%}"
+        )
+    print(
+        "\n0.33.0: vLLM 0.33.0 as released (CPUOffloadingSpec); canonical: its "
+        "canonical layout\n(TieringOffloadingSpec, canonical_layout), upstream's "
+        "strongest configuration; series: 0.33.0\nwith this project's series; "
+        "limit: every distinct piece of KV stored once; gain: series over\n"
+        "0.33.0; of limit: how close the series gets. Every model at every TP "
+        "and DCP size follows."
+    )
+
+
+def plot_summary(rows: list[dict], path: Path) -> None:
+    """The summary as a bar chart (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines = [r for r in summary_rows(rows) if _ok(r)]
+    names = [f"{r['arch']}, TP {r['tp']}" for r in lines]
+    series = {
+        "vLLM 0.33.0": [r["0.33.0"]["tokens_per_gib"] for r in lines],
+        "0.33.0 canonical layout": [
+            r["0.33.0"]["canonical"]["worker"]["tokens_per_gib"] for r in lines
+        ],
+        "0.33.0 + series": [r["0.33.0+series"]["tokens_per_gib"] for r in lines],
+        "limit (distinct KV once)": [GiB / r["limit_bytes_per_token"] for r in lines],
+    }
+    fig, ax = plt.subplots(figsize=(10, 0.55 * len(lines) + 1.5))
+    height = 0.8 / len(series)
+    for i, (label, values) in enumerate(series.items()):
+        ys = [y + (i - (len(series) - 1) / 2) * height for y in range(len(lines))]
+        ax.barh(ys, values, height, label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("offloaded tokens that fit in 1 GiB of host memory")
+    ax.set_yticks(range(len(lines)), names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_title("KV offloading, at each model's usual TP size", fontsize=10)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.07), ncol=2)
+    fig.tight_layout()
+    # The numbers drawn, so that a chart can be checked against the demo's.
+    numbers = {name: {k: v[i] for k, v in series.items()} for i, name in enumerate(
+        r["arch"] for r in lines
+    )}
+    fig.savefig(
+        path,
+        dpi=110,
+        metadata={"Description": json.dumps(numbers, sort_keys=True)},
+    )
+    plt.close(fig)
+
+
 def print_table(rows: list[dict]) -> None:
     # Column labels under each release, and the widths of the copy columns.
     short = ("rel", "seed", "series", "rel", "series")
@@ -137,19 +235,20 @@ def print_table(rows: list[dict]) -> None:
     kib_w = 9 * len(short) + 8
     header = (
         f"{'TP':>3} {'DCP':>3} | {'host copies':^{copies_w}} | "
-        f"{'host KiB per offloaded token':^{kib_w}} | {'series/limit':^13}"
+        f"{'host KiB per offloaded token':^{kib_w}} | {'series/limit':^13} | "
+        f"{'canonical':^9} | {'store KiB':^13}"
     )
     bases = (
         f"{'':>3} {'':>3} | {'0.30.0':<{sum(widths[:3]) + 3}}"
         f"{'0.33.0':<{sum(widths[3:]) + 1}} | {'0.30.0':<27}{'0.33.0':<{kib_w - 27}} "
-        f"| {'0.30.0':>6} {'0.33.0':>6}"
+        f"| {'0.30.0':>6} {'0.33.0':>6} | {'0.33.0':^9} | {'0.33.0 series':^13}"
     )
     sub = (
         f"{'':>3} {'':>3} | "
         + " ".join(f"{s:>{w}}" for s, w in zip(short, widths))
         + " | "
         + " ".join(f"{s:>8}" for s in short)
-        + f" {'limit':>8} | {'':>13}"
+        + f" {'limit':>8} | {'':>13} | {'copies':^9} | {'rank':>6} {'total':>6}"
     )
     arch = None
     for row in rows:
@@ -171,7 +270,21 @@ def print_table(rows: list[dict]) -> None:
             f"{row[t]['host_bytes_per_token'] / limit:>5.2f}x"
             for t in ("0.30.0+series", "0.33.0+series")
         )
-        print(f"{lead}{copies} | {kib} {_kib(limit):>8} | {ratios}")
+        canonical = row["0.33.0"]["canonical"]
+        worker, scheduler = canonical["worker"], canonical["scheduler"]
+        # Worker / scheduler host copies, marked where the two sides disagree.
+        canon = f"{worker['host_copies']}/{scheduler['host_copies']}"
+        if not canonical["agree"]:
+            canon += " !"
+        series = row["0.33.0+series"]
+        store = (
+            f"{_kib(series['busiest_rank_store_bytes_per_token']):>6} "
+            f"{_kib(series['store_bytes_per_token']):>6}"
+        )
+        print(
+            f"{lead}{copies} | {kib} {_kib(limit):>8} | {ratios} | {canon:^9} | "
+            f"{store}"
+        )
     print(
         "\nrel: the vLLM release as published (0.33.0 has upstream's own version "
         "of the seed);\nseed: 0.30.0 with the seed patches (up to "
@@ -184,19 +297,39 @@ def print_table(rows: list[dict]) -> None:
         "Mamba state once per rank, DCP token shards each once), from one\nrank's "
         "bytes weighted by each layer's share of its pages; series/limit: host "
         "bytes of each\nseries over that limit (alignment padding shows as a "
-        "little over 1)."
+        "little over 1). canonical: host copies of 0.33.0's\ncanonical layout "
+        "(TieringOffloadingSpec, canonical_layout) on a worker / on the "
+        "scheduler, decided\nby the release's own build_offloading_config on "
+        "each side's KV cache config; ! where they\ndisagree (the scheduler "
+        "keeps one spec per group). store KiB: device-to-host bytes per\n"
+        "offloaded token with the 0.33.0 series, written by the busiest rank and "
+        "by all ranks together."
     )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print JSON rows")
+    parser.add_argument(
+        "--model", action="append", help="only models whose name contains this"
+    )
+    parser.add_argument("--tp", action="append", type=int, help="only this TP size")
+    parser.add_argument("--plot", type=Path, help="write the summary as a PNG chart")
     args = parser.parse_args()
     rows = merge(run_workers())
+    if args.plot:
+        plot_summary(rows, args.plot)
+    rows = [
+        r
+        for r in rows
+        if (not args.model or any(m.lower() in r["arch"].lower() for m in args.model))
+        and (not args.tp or r["tp"] in args.tp)
+    ]
     if args.json:
         json.dump(rows, sys.stdout, indent=1)
         print()
     else:
+        print_summary(rows)
         print_table(rows)
     return 0
 

@@ -66,8 +66,11 @@ REJECTED_BY_DESIGN = (
 )
 
 
-def _layer_specs(arch: architectures.Arch, tp: int) -> dict[str, Any]:
-    """Build one TP rank's layer specs with each layer class's own code."""
+def _layer_specs(
+    arch: architectures.Arch, tp: int, hybrid: Any = None
+) -> dict[str, Any]:
+    """Build one TP rank's layer specs with each layer class's own code (a
+    hybrid's with the block sizes its `hybrid` config holds)."""
     from vllm.model_executor.layers.attention.mla_attention import MLAAttention
     from vllm.model_executor.models.deepseek_v2 import DeepseekV32IndexerCache
     from vllm.models.deepseek_v4.attention import (
@@ -77,7 +80,7 @@ def _layer_specs(arch: architectures.Arch, tp: int) -> dict[str, Any]:
     from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache
     from vllm.v1.kv_cache_interface import MambaSpec
 
-    block = arch.block_size
+    block = arch.block_size if hybrid is None else hybrid.cache_config.block_size
     config = SimpleNamespace(
         cache_config=SimpleNamespace(
             block_size=block,
@@ -87,7 +90,11 @@ def _layer_specs(arch: architectures.Arch, tp: int) -> dict[str, Any]:
         model_config=SimpleNamespace(dtype=torch.bfloat16),
     )
     cache_config = SimpleNamespace(block_size=block, cache_dtype=arch.cache_dtype)
-    gqa = _gqa_attention(arch, tp) if "gqa" in arch.layers else None
+    gqa = {
+        kind: _gqa_attention(arch, tp, kind, block)
+        for kind in ("gqa", "draft")
+        if kind in arch.layers
+    }
     specs: dict[str, Any] = {}
     for i, kind in enumerate(arch.layers):
         name = f"model.layers.{i}"
@@ -152,8 +159,10 @@ def _layer_specs(arch: architectures.Arch, tp: int) -> dict[str, Any]:
                 bounded_replay=False,
             )
             specs[f"{name}.swa"] = DeepseekV4SWACache.get_kv_cache_spec(swa, config)
-        elif kind == "gqa":
-            specs[f"{name}.attn"] = gqa.get_kv_cache_spec(config)
+        elif kind in gqa:
+            specs[f"{name}.attn"] = gqa[kind].get_kv_cache_spec(config)
+        elif kind == "linear":
+            specs[f"{name}.mixer"] = _linear_attention_spec(hybrid)
         elif kind == "mamba":
             # Mamba2 with 128 heads of 64 x 128 state, TP-sharded by head;
             # the tree's MambaSpec defaults stand for what Mamba2 declares
@@ -168,9 +177,9 @@ def _layer_specs(arch: architectures.Arch, tp: int) -> dict[str, Any]:
     return specs
 
 
-def _gqa_attention(arch: architectures.Arch, tp: int) -> Any:
+def _gqa_attention(arch: architectures.Arch, tp: int, kind: str, block: int) -> Any:
     """A real Attention layer as TP rank 0 of `tp` builds it, the way Llama
-    and Qwen build theirs: num_kv_heads is the rank's share of the model's KV
+    and Qwen build theirs: num_kv_heads is the rank's share of the layer's KV
     heads, and the (unquantized) QKVParallelLinear that produces them is
     passed on where this tree's Attention takes it."""
     import inspect
@@ -181,8 +190,10 @@ def _gqa_attention(arch: architectures.Arch, tp: int) -> Any:
     from vllm.model_executor.layers.attention.attention import Attention
     from vllm.model_executor.layers.linear import QKVParallelLinear
 
-    assert arch.kv_heads is not None
-    heads, head_dim = 64, 128
+    kv_heads = arch.kv_heads_of(kind)
+    assert kv_heads is not None
+    heads = 64
+    head_dim = arch.head_dim if kind == "gqa" else 128
     fake_tp_group = SimpleNamespace(world_size=tp, rank_in_group=0)
     # With the model config, as in a model's constructor (0.33.0's CPU
     # attention backend reads its dtype).
@@ -194,27 +205,75 @@ def _gqa_attention(arch: architectures.Arch, tp: int) -> Any:
         if "kv_proj" in inspect.signature(Attention.__init__).parameters:
             # The projection's input size does not matter for its claim.
             kwargs["kv_proj"] = QKVParallelLinear(
-                head_dim, head_dim, heads, arch.kv_heads, prefix=f"gqa.tp{tp}.qkv"
+                head_dim, head_dim, heads, kv_heads, prefix=f"{kind}.tp{tp}.qkv"
             )
         return Attention(
             heads // tp,
             head_dim,
             head_dim**-0.5,
-            num_kv_heads=max(1, arch.kv_heads // tp),
-            cache_config=CacheConfig(cache_dtype=arch.cache_dtype),
-            prefix=f"gqa.tp{tp}.attn",
+            num_kv_heads=max(1, kv_heads // tp),
+            cache_config=CacheConfig(cache_dtype=arch.cache_dtype, block_size=block),
+            prefix=f"{kind}.tp{tp}.attn",
             **kwargs,
         )
 
 
-def _offloading_vllm_config(arch, tp: int, dcp: int) -> Any:
+def _linear_attention_spec(hybrid: Any) -> Any:
+    """One rank's linear-attention (GDN, Mamba2) state, as the hybrid's model
+    class computes its shapes and dtypes, in the block and page vLLM picks."""
+    from vllm.model_executor.models import ModelRegistry
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    model_config = hybrid.model_config
+    model_cls, _ = ModelRegistry.resolve_model_cls(
+        model_config.architecture, model_config=model_config
+    )
+    cache_config = hybrid.cache_config
+    return MambaSpec(
+        block_size=cache_config.mamba_block_size or cache_config.block_size,
+        shapes=tuple(model_cls.get_mamba_state_shape_from_config(hybrid)),
+        dtypes=tuple(model_cls.get_mamba_state_dtype_from_config(hybrid)),
+        page_size_padded=cache_config.mamba_page_size_padded,
+    )
+
+
+def _hybrid_config(arch: architectures.Arch, tp: int, dcp: int) -> Any:
+    """The VllmConfig of a hybrid from its published config (bench/models),
+    with the attention block size and state page that vLLM picks for it on a
+    GPU (FlashAttention's kernel blocks), with prefix caching on."""
+    from vllm.config import CacheConfig, ModelConfig, VllmConfig
+    from vllm.platforms.interface import Platform
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
+
+    model_config = ModelConfig(
+        model=str(Path(architectures.__file__).parent / "models" / arch.model_dir),
+        skip_tokenizer_init=True,
+        max_model_len=MAX_MODEL_LEN,
+    )
+    config = VllmConfig(
+        model_config=model_config,
+        cache_config=CacheConfig(enable_prefix_caching=True),
+    )
+    config.parallel_config.tensor_parallel_size = tp
+    config.parallel_config.decode_context_parallel_size = dcp
+    Platform._align_hybrid_block_size(config, FlashAttentionBackend)
+    return config
+
+
+def _offloading_vllm_config(
+    arch,
+    tp: int,
+    dcp: int,
+    extra_config: dict[str, Any] | None = None,
+    block_size: int | None = None,
+) -> Any:
     """The configuration build_offloading_config reads, as upstream's tests
     build it: a real ParallelConfig on a stand-in VllmConfig."""
     from vllm.config import KVTransferConfig, ParallelConfig
     from vllm.platforms import current_platform
 
     config = MagicMock()
-    config.cache_config.block_size = arch.block_size
+    config.cache_config.block_size = block_size or arch.block_size
     config.cache_config.enable_prefix_caching = True
     config.cache_config.prefix_match_unit = None
     config.cache_config.cache_dtype = "auto"
@@ -238,7 +297,7 @@ def _offloading_vllm_config(arch, tp: int, dcp: int) -> Any:
         kv_connector="OffloadingConnector",
         kv_role="kv_both",
         engine_id="demo",
-        kv_connector_extra_config={"cpu_bytes_to_use": GiB},
+        kv_connector_extra_config={"cpu_bytes_to_use": GiB, **(extra_config or {})},
     )
     return config
 
@@ -291,11 +350,16 @@ def measure(arch: architectures.Arch, tp: int, dcp: int) -> dict[str, Any]:
     )
     from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
-    specs = _layer_specs(arch, tp)
-    vllm_config = VllmConfig(model_config=_model_config())
-    vllm_config.parallel_config.tensor_parallel_size = tp
-    vllm_config.parallel_config.decode_context_parallel_size = dcp
-    vllm_config.cache_config.block_size = arch.block_size
+    if arch.model_dir is None:
+        vllm_config = VllmConfig(model_config=_model_config())
+        vllm_config.parallel_config.tensor_parallel_size = tp
+        vllm_config.parallel_config.decode_context_parallel_size = dcp
+        vllm_config.cache_config.block_size = arch.block_size
+        specs = _layer_specs(arch, tp)
+    else:
+        vllm_config = _hybrid_config(arch, tp, dcp)
+        specs = _layer_specs(arch, tp, vllm_config)
+    block_size = vllm_config.cache_config.block_size
     # Block-outermost, as the engine core resolves it for these hybrid
     # models; it lets mixed page sizes pack into one block.
     vllm_config.cache_config.kv_cache_layout = "BLNHC"
@@ -303,7 +367,7 @@ def measure(arch: architectures.Arch, tp: int, dcp: int) -> dict[str, Any]:
     kv_cache_config = configs[0]
 
     offloading = build_offloading_config(
-        _offloading_vllm_config(arch, tp, dcp), kv_cache_config
+        _offloading_vllm_config(arch, tp, dcp, block_size=block_size), kv_cache_config
     )
     with patch.object(CPUOffloadingSpec, "_uses_shared_region", return_value=True):
         spec = CPUOffloadingSpec(offloading)
@@ -314,13 +378,22 @@ def measure(arch: architectures.Arch, tp: int, dcp: int) -> dict[str, Any]:
     )
     # The replica group of each TP rank, where the tree plans one.
     groups = tuple(getattr(kv_cache_config, "kv_tp_replica_groups", ()))
+    copies = _host_copies(spec)
     return {
         "kv_tp_replicas": getattr(kv_cache_config, "kv_tp_replicas", None),
         "kv_tp_replica_groups": list(groups) or None,
         "replicated_layout": spec.replicated_layout,
         # Host copies of each chunk the CPU spec keeps: one per replica group
         # it shares, one in all for the replicated layout, else one per rank.
-        "host_copies": _host_copies(spec),
+        "host_copies": copies,
+        # Device-to-host bytes per offloaded token: every copy is written
+        # once, each by one rank (a group's writer), which writes its own
+        # page: the busiest rank writes one rank's bytes.
+        "store_bytes_per_token": copies * worker_bytes_per_token,
+        "busiest_rank_store_bytes_per_token": worker_bytes_per_token,
+        "canonical": _canonical_layout(
+            arch, tp, dcp, configs, tokens_per_chunk, block_size
+        ),
         "worker_bytes_per_token": worker_bytes_per_token,
         # The physical limit: every distinct piece of KV stored once.
         "limit_bytes_per_token": worker_bytes_per_token
@@ -328,6 +401,43 @@ def measure(arch: architectures.Arch, tp: int, dcp: int) -> dict[str, Any]:
         "host_bytes_per_token": spec.kv_bytes_per_chunk / tokens_per_chunk,
         "tokens_per_gib": spec.num_chunks * tokens_per_chunk,
     }
+
+
+def _canonical_layout(
+    arch, tp: int, dcp: int, configs, tokens_per_chunk: int, block_size: int
+):
+    """What the tree's canonical CPU layout (TieringOffloadingSpec with
+    canonical_layout, upstream's strongest configuration) reserves, decided
+    by its own build_offloading_config on a worker's KV cache config and on
+    the scheduler's (one spec per group). Its writers rotate over a block's
+    replicas, so the busiest rank writes 1 / writers of its own bytes."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (
+        build_offloading_config,
+    )
+    from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config
+    from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+
+    sides = {"worker": configs[0], "scheduler": generate_scheduler_kv_cache_config(configs)}
+    out: dict[str, Any] = {}
+    for side, kv_cache_config in sides.items():
+        config = _offloading_vllm_config(
+            arch,
+            tp,
+            dcp,
+            {"spec_name": "TieringOffloadingSpec", "canonical_layout": True},
+            block_size,
+        )
+        offloading = build_offloading_config(config, kv_cache_config)
+        spec = TieringOffloadingSpec(offloading)
+        out[side] = {
+            "replicated_layout": spec.replicated_layout,
+            "parallelism_agnostic": offloading.parallel.is_parallelism_agnostic,
+            "host_copies": _host_copies(spec),
+            "host_bytes_per_token": spec.kv_bytes_per_chunk / tokens_per_chunk,
+            "tokens_per_gib": spec.num_chunks * tokens_per_chunk,
+        }
+    out["agree"] = out["worker"] == out["scheduler"]
+    return out
 
 
 def _distinct_copies(arch: architectures.Arch, kv_cache_config, tp: int, dcp: int):
