@@ -144,3 +144,12 @@ def distinct_shards(kind: str, arch: Arch, tp: int, dcp: int) -> int:
     if kind in ("mamba", "linear"):
         return tp
     raise ValueError(kind)
+
+
+def wanted(name: str, tp: int, models: list[str] | None, tps: list[int] | None) -> bool:
+    """`make demo ARGS="--model M --tp T"`: whether the row of model `name`
+    at `tp` is shown (a name containing one of `models`, any case; one of
+    `tps`; no filter: every row)."""
+    return (not models or any(m.lower() in name.lower() for m in models)) and (
+        not tps or tp in tps
+    )

@@ -63,8 +63,9 @@ def tree_of(workspace: ws.Workspace, which: str) -> Path:
     return workspace.snapshot_tree("seed", series[: series.index(SEED_LAST_PATCH) + 1])
 
 
-def run_workers() -> dict[str, dict]:
-    """Every tree at once: {label: result}."""
+def run_workers(filters: list[str] | None = None) -> dict[str, dict]:
+    """Every tree at once: {label: result}. `filters`: the worker's --model
+    and --tp arguments (the rows to measure; default: all)."""
     workspaces = {base: ws.Workspace(ROOT, base) for _, base, _ in TREES}
     trees = {
         label: (workspaces[base].python, tree_of(workspaces[base], which))
@@ -78,7 +79,7 @@ def run_workers() -> dict[str, dict]:
             log = open(Path(tmp) / f"{name}.log", "w")
             procs[name] = (
                 subprocess.Popen(
-                    [python, str(WORKER), str(out)],
+                    [python, str(WORKER), str(out), *(filters or [])],
                     env=env,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -216,9 +217,10 @@ def plot_summary(rows: list[dict], path: Path) -> None:
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.07), ncol=2)
     fig.tight_layout()
     # The numbers drawn, so that a chart can be checked against the demo's.
-    numbers = {name: {k: v[i] for k, v in series.items()} for i, name in enumerate(
-        r["arch"] for r in lines
-    )}
+    numbers = {
+        name: {k: v[i] for k, v in series.items()}
+        for i, name in enumerate(r["arch"] for r in lines)
+    }
     fig.savefig(
         path,
         dpi=110,
@@ -282,8 +284,7 @@ def print_table(rows: list[dict]) -> None:
             f"{_kib(series['store_bytes_per_token']):>6}"
         )
         print(
-            f"{lead}{copies} | {kib} {_kib(limit):>8} | {ratios} | {canon:^9} | "
-            f"{store}"
+            f"{lead}{copies} | {kib} {_kib(limit):>8} | {ratios} | {canon:^9} | {store}"
         )
     print(
         "\nrel: the vLLM release as published (0.33.0 has upstream's own version "
@@ -316,14 +317,16 @@ def main() -> int:
     parser.add_argument("--tp", action="append", type=int, help="only this TP size")
     parser.add_argument("--plot", type=Path, help="write the summary as a PNG chart")
     args = parser.parse_args()
-    rows = merge(run_workers())
+    # The chart shows every model: measure every row for it.
+    filters = [] if args.plot else [
+        *(f"--model={m}" for m in args.model or []),
+        *(f"--tp={tp}" for tp in args.tp or []),
+    ]  # fmt: skip
+    rows = merge(run_workers(filters))
     if args.plot:
         plot_summary(rows, args.plot)
     rows = [
-        r
-        for r in rows
-        if (not args.model or any(m.lower() in r["arch"].lower() for m in args.model))
-        and (not args.tp or r["tp"] in args.tp)
+        r for r in rows if architectures.wanted(r["arch"], r["tp"], args.model, args.tp)
     ]
     if args.json:
         json.dump(rows, sys.stdout, indent=1)

@@ -417,7 +417,10 @@ def _canonical_layout(
     from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config
     from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
-    sides = {"worker": configs[0], "scheduler": generate_scheduler_kv_cache_config(configs)}
+    sides = {
+        "worker": configs[0],
+        "scheduler": generate_scheduler_kv_cache_config(configs),
+    }
     out: dict[str, Any] = {}
     for side, kv_cache_config in sides.items():
         config = _offloading_vllm_config(
@@ -471,13 +474,22 @@ def rejected_by_design(e: Exception) -> str | None:
 
 
 def main() -> int:
+    import argparse
+
     import vllm
 
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--model", action="append")
+    parser.add_argument("--tp", action="append", type=int)
+    args = parser.parse_args()
     rows = []
     for arch in architectures.ARCHITECTURES:
         for tp in architectures.TP_SIZES:
             for dcp in architectures.DCP_SIZES:
                 if tp % dcp or not arch.supports(tp, dcp):
+                    continue
+                if not architectures.wanted(arch.name, tp, args.model, args.tp):
                     continue
                 row: dict[str, Any] = {"arch": arch.name, "tp": tp, "dcp": dcp}
                 try:
@@ -490,7 +502,7 @@ def main() -> int:
                 rows.append(row)
     result = {"vllm": str(Path(vllm.__file__).parent.parent), "rows": rows}
     # vLLM logs to stdout, so the result goes to a file.
-    Path(sys.argv[1]).write_text(json.dumps(result))
+    args.out.write_text(json.dumps(result))
     return 0
 
 

@@ -76,15 +76,27 @@ MLA_ONLY = UNIFORM[:4]
 
 
 def test_make_demo_prints_the_summary_then_the_table_of_these_numbers(all_rows):
-    table = make("demo")
+    # Two models (the README's headlines), measured by the workers alone: a
+    # filtered run prints exactly what the full run's JSON holds for them.
+    models = ("DeepSeek-V3.2", "Qwen2.5")
+    table = make("demo", "ARGS=" + " ".join(f"--model {m}" for m in models))
+    shown = [r for r in all_rows.values() if r["arch"].startswith(models)]
+    assert {r["arch"] for r in shown} == {
+        "DeepSeek-V3.2 (MLA + indexer)",
+        "Qwen2.5-1.5B-like (GQA, 2 KV heads)",
+    }
     expected = io.StringIO()
     with contextlib.redirect_stdout(expected):
-        demo.print_summary(list(all_rows.values()))
-        demo.print_table(list(all_rows.values()))
+        demo.print_summary(shown)
+        demo.print_table(shown)
     assert table == expected.getvalue()
     # The summary leads: one line per model, at its usual TP size.
     summary = table.split("\n\n")[1].splitlines()
-    assert summary[0].startswith("model ") and len(summary) == 2 + len(
+    assert summary[0].startswith("model ") and len(summary) == 2 + len(models)
+    full = io.StringIO()
+    with contextlib.redirect_stdout(full):
+        demo.print_summary(list(all_rows.values()))
+    assert len(full.getvalue().split("\n\n")[1].splitlines()) == 2 + len(
         demo.architectures.ARCHITECTURES
     )
 
@@ -365,7 +377,9 @@ def test_store_traffic_is_one_page_per_copy(rows):
             assert r["store_bytes_per_token"] == (
                 r["host_copies"] * r["worker_bytes_per_token"]
             ), (key, tree)
-            assert r["busiest_rank_store_bytes_per_token"] == r["worker_bytes_per_token"]
+            assert (
+                r["busiest_rank_store_bytes_per_token"] == r["worker_bytes_per_token"]
+            )
 
 
 def test_the_chart_shows_the_summary(all_rows, tmp_path):
