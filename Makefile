@@ -13,7 +13,7 @@ WS := $(PYTHON) tools/ws.py $(if $(BASE),--base $(BASE))
 EXTENSIONS ?=
 
 .PHONY: all setup fetch tree install export check-series lint check-each \
-	upstream-tests project-tests e2e test demo
+	upstream-tests project-tests e2e test demo wheel
 
 all: install
 
@@ -60,6 +60,11 @@ e2e: install
 demo:
 	@$(MAKE) --no-print-directory install >&2
 	@. tools/testenv.sh && python bench/demo.py $(ARGS)
+
+# A wheel of vLLM V with its series and the release's CUDA extensions, for
+# GPU machines: dist/vllm-V+tprep.<series digest>-*.whl (tools/wheels.py).
+wheel: install
+	$(PYTHON) tools/wheels.py $(if $(BASE),--base $(BASE))
 
 # The README's test command (and CI's, through .ci/run): every base.
 test: install

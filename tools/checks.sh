@@ -67,7 +67,21 @@ stage_upstream_tests() {  # base
 
 stage_project_tests() {
   echo "=== the project's own tests (tests/)"
-  "$ROOT/.venv-$FIRST/bin/python" -m pytest -p no:cacheprovider -q -rfE tests
+  # Two at once, as the suites: the wheels' build and install (mostly disk)
+  # beside the rest (mostly CPU).
+  local logs rc=0 pids=()
+  logs=$(mktemp -d)
+  "$ROOT/.venv-$FIRST/bin/python" -m pytest -p no:cacheprovider -q -rfE \
+    tests/test_wheel.py >"$logs/wheel.log" 2>&1 &
+  pids+=("$!")
+  "$ROOT/.venv-$FIRST/bin/python" -m pytest -p no:cacheprovider -q -rfE \
+    --ignore=tests/test_wheel.py tests >"$logs/rest.log" 2>&1 &
+  pids+=("$!")
+  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  echo "--- tests/test_wheel.py"; cat "$logs/wheel.log"
+  echo "--- the other tests"; cat "$logs/rest.log"
+  rm -rf "$logs"
+  return $rc
 }
 
 stage_e2e() {
