@@ -11,26 +11,24 @@ same for the same series. The wheel goes to dist/.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
-from ws import PRISTINE_DATE, Workspace, WsError, bases, run
+from ws import PRISTINE_DATE, Workspace, WsError, _digest, bases, run
 
 LABEL = "tprep"
 # Timestamps in the wheel's archive (bdist_wheel honours SOURCE_DATE_EPOCH).
-SOURCE_DATE_EPOCH = "946684800"  # PRISTINE_DATE
-assert PRISTINE_DATE.startswith("2000-01-01T00:00:00")
+SOURCE_DATE_EPOCH = str(
+    int(datetime.strptime(PRISTINE_DATE, "%Y-%m-%dT%H:%M:%S%z").timestamp())
+)
 
 
 def series_digest(ws: Workspace) -> str:
     """The digest of the series: its file and its patches, in order."""
-    digest = hashlib.sha256(ws.series_file.read_bytes())
-    for name in ws.series():
-        digest.update(b"\0" + name.encode() + b"\0" + (ws.patches / name).read_bytes())
-    return digest.hexdigest()
+    return _digest([ws.series_file, *(ws.patches / name for name in ws.series())])
 
 
 def version(ws: Workspace) -> str:
