@@ -409,8 +409,7 @@ def _canonical_layout(
     """What the tree's canonical CPU layout (TieringOffloadingSpec with
     canonical_layout, upstream's strongest configuration) reserves, decided
     by its own build_offloading_config on a worker's KV cache config and on
-    the scheduler's (one spec per group). Its writers rotate over a block's
-    replicas, so the busiest rank writes 1 / writers of its own bytes."""
+    the scheduler's (one spec per group)."""
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (
         build_offloading_config,
     )
