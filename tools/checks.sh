@@ -47,20 +47,21 @@ stage_upstream_tests() {  # base
   local tree=$ROOT/build/vllm-$1 py=$ROOT/.venv-$1/bin/python
   echo "=== $base: vLLM's own suites in the patched tree ($suites_file)"
   mapfile -t deselect < <(python3 tools/deselected.py "$base" --args)
-  local logs pids=() groups rc=0
+  local logs pids=() groups g paths suites rc=0
+  # One line per group: the group, then its test paths.
+  groups=$("${WS[@]}" --base "$base" suites) || return 1
   logs=$(mktemp -d)
-  groups=$(grep -v '^\s*#' "$suites_file" | awk 'NF {print $1}' | sort -u)
-  for g in $groups; do
-    mapfile -t suites < <(grep -v '^\s*#' "$suites_file" | awk -v g="$g" '$1 == g {print $2}')
+  while read -r g paths; do
+    read -ra suites <<<"$paths"
     (cd "$tree" && "$py" -m pytest -p no:cacheprovider -q -rfE --timeout=900 \
        "${deselect[@]}" "${suites[@]}") >"$logs/$g.log" 2>&1 &
     pids+=("$!")
-  done
+  done <<<"$groups"
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
-  for g in $groups; do
-    echo "--- group $g: $(grep -v '^\s*#' "$suites_file" | awk -v g="$g" '$1 == g {printf "%s ", $2}')"
+  while read -r g paths; do
+    echo "--- group $g: $paths"
     cat "$logs/$g.log"
-  done
+  done <<<"$groups"
   rm -rf "$logs"
   return $rc
 }

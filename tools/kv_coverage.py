@@ -41,8 +41,7 @@ REASONS: dict[str, str] = {
         " KV head the rank holds: ranks sharing a head normalize it differently"
     ),
     "internlm2.InternLM2Attention": (
-        "`wqkv` is loaded fused and split by rank after an all-gather, not by"
-        " KV head"
+        "`wqkv` is loaded fused and split by rank after an all-gather, not by KV head"
     ),
     "olmoe.OlmoeAttention": (
         "full-width `k_norm` over K all-gathered across TP; nothing replicated"
@@ -127,7 +126,9 @@ def load(root: Path) -> dict[str, Module]:
             elif isinstance(node, ast.FunctionDef):
                 mod.functions.setdefault(node.name, node)
             elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value:
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                targets = (
+                    node.targets if isinstance(node, ast.Assign) else [node.target]
+                )
                 for target in targets:
                     if isinstance(target, ast.Name):
                         mod.variables[target.id] = node.value
@@ -427,8 +428,8 @@ costs that deduplication, never correctness.
   (the model's `kv_tp_replicas` is then 1 unless the others are replicated
   too); `none`; `no cache` (encoder-only, or nothing found).
 
-Architectures: {sum(counts.values())}; all declared: {counts['all']}, some: \
-{counts['some']}, none: {counts['none']}, no KV cache found: {counts['no cache']}.
+Architectures: {sum(counts.values())}; all declared: {counts["all"]}, some: \
+{counts["some"]}, none: {counts["none"]}, no KV cache found: {counts["no cache"]}.
 
 | Architecture | KV cache layers | Declares | Declared at | Not declared at, and why |
 | --- | --- | --- | --- | --- |
