@@ -11,11 +11,12 @@ Each layer kind is built by the vLLM layer class that owns it
 - "draft": the attention layer of a Llama-based EAGLE-3 draft: 8 KV heads of
   128.
 - "mamba": a Mamba2 mixer, TP-sharded by head.
-- "linear": the linear-attention state of the model whose published config
-  `model_dir` (bench/models/) holds: shapes and dtypes from the model class's
-  own get_mamba_state_shape_from_config / dtype, and the block sizes vLLM
-  picks for the hybrid (Platform._align_hybrid_block_size: the attention page
-  holds one state, the state page padded to it). TP-sharded by head.
+- "linear": the linear-attention (GDN, KDA, Mamba2) state of the model whose
+  published config `model_dir` (bench/models/) holds: shapes and dtypes from
+  the model class's own get_mamba_state_shape_from_config / dtype, and the
+  block sizes vLLM picks for the hybrid (Platform._align_hybrid_block_size:
+  the attention page holds one state, the state page padded to it).
+  TP-sharded by head.
 """
 
 from __future__ import annotations
@@ -59,15 +60,30 @@ class Arch:
 DRAFT_KV_HEADS = 8
 
 
-def nemotron_nano_layers() -> tuple[str, ...]:
-    """Nemotron-Nano-like: its hybrid_override_pattern, M a Mamba2 layer and *
-    an attention layer (the MLP layers keep no cache)."""
+def published_config(model_dir: str) -> dict:
+    """bench/models/<model_dir>/config.json."""
     import json
     from pathlib import Path
 
-    config = Path(__file__).parent / "models" / "nemotron-nano-like" / "config.json"
-    pattern = json.loads(config.read_text())["hybrid_override_pattern"]
+    path = Path(__file__).parent / "models" / model_dir / "config.json"
+    return json.loads(path.read_text())
+
+
+def nemotron_nano_layers() -> tuple[str, ...]:
+    """Nemotron-Nano-like: its hybrid_override_pattern, M a Mamba2 layer and *
+    an attention layer (the MLP layers keep no cache)."""
+    pattern = published_config("nemotron-nano-like")["hybrid_override_pattern"]
     return tuple({"M": "linear", "*": "gqa"}[c] for c in pattern if c in "M*")
+
+
+def kimi_linear_layers() -> tuple[str, ...]:
+    """Kimi-Linear-like: its linear_attn_config, whose kda_layers (numbered
+    from 1) are KDA layers and the others MLA layers."""
+    config = published_config("kimi-linear-like")
+    kda = set(config["linear_attn_config"]["kda_layers"])
+    return tuple(
+        "linear" if i + 1 in kda else "mla" for i in range(config["num_hidden_layers"])
+    )
 
 
 ARCHITECTURES = (
@@ -125,6 +141,12 @@ ARCHITECTURES = (
         use_mla=False,
         kv_heads=2,
         model_dir="nemotron-nano-like",
+    ),
+    Arch(
+        "Kimi-Linear-like (3 KDA : 1 MLA)",
+        kimi_linear_layers(),
+        use_mla=True,
+        model_dir="kimi-linear-like",
     ),
 )
 

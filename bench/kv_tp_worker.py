@@ -242,6 +242,7 @@ def _hybrid_config(arch: architectures.Arch, tp: int, dcp: int) -> Any:
     with the attention block size and state page that vLLM picks for it on a
     GPU (FlashAttention's kernel blocks), with prefix caching on."""
     from vllm.config import CacheConfig, ModelConfig, VllmConfig
+    from vllm.platforms import current_platform
     from vllm.platforms.interface import Platform
     from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
 
@@ -250,10 +251,13 @@ def _hybrid_config(arch: architectures.Arch, tp: int, dcp: int) -> Any:
         skip_tokenizer_init=True,
         max_model_len=MAX_MODEL_LEN,
     )
-    config = VllmConfig(
-        model_config=model_config,
-        cache_config=CacheConfig(enable_prefix_caching=True),
-    )
+    # The GPU host's rules, not this CPU platform's (which, for one, turns
+    # prefix caching off for MLA models such as Kimi-Linear).
+    with patch.object(current_platform, "check_and_update_config"):
+        config = VllmConfig(
+            model_config=model_config,
+            cache_config=CacheConfig(enable_prefix_caching=True),
+        )
     config.parallel_config.tensor_parallel_size = tp
     config.parallel_config.decode_context_parallel_size = dcp
     Platform._align_hybrid_block_size(config, FlashAttentionBackend)

@@ -134,6 +134,7 @@ def test_only_what_vllm_rejects_by_design_is_not_supported(all_rows):
         "MLA + Mamba hybrid",
         "Qwen3.5/Qwen3-Next-like (3 GDN : 1 attention, 2 KV heads)",
         "Nemotron-Nano-like (Mamba2 hybrid, 2 KV heads)",
+        "Kimi-Linear-like (3 KDA : 1 MLA)",
     )
     for (arch, tp, dcp), row in all_rows.items():
         for tree in demo.LABELS:
@@ -349,6 +350,13 @@ def test_realistic_mixes_against_an_independent_count_of_distinct_kv(rows):
     assert row["limit_bytes_per_token"] == pytest.approx(
         _page_weighted_limit(row, {8: 27, 2: 4})
     )
+    # Kimi-Linear-like: 20 KDA layers (per rank), 7 MLA layers (one latent
+    # for all ranks), at TP 8 and 16.
+    for tp in (8, 16):
+        row = rows[("Kimi-Linear-like (3 KDA : 1 MLA)", tp, 1)]
+        assert row["limit_bytes_per_token"] == pytest.approx(
+            _page_weighted_limit(row, {tp: 20, 1: 7})
+        )
 
 
 def test_canonical_column_is_what_each_release_decides_on_each_side(rows):
