@@ -1,8 +1,8 @@
 """The series changes what is claimed about replication, nothing else: random
 KV cache layer mixes plan exactly as in the unpatched base (the same groups,
 layers, specs, tensors and num_blocks, or the same error), whatever the
-layers declare, and the series' kv_tp_replicas is what each layer's own
-declaration proves.
+layers declare, and the series' kv_tp_replicas and kv_tp_replica_groups are
+what each layer's own declaration proves.
 
 For each base: the unpatched release plans the layers as its users get them
 today (declaring only what the release's own layers declare: nothing in
@@ -81,14 +81,17 @@ def _release_replicas(base: str, mix: dict) -> int | None:
 def _expected_groups(mix: dict) -> list[int]:
     """The replica groups from what each rank holds of each layer: a declared
     attention layer whose shards divide TP, its head shard and, under DCP,
-    its DCP rank (tp_rank % dcp); anything else, something of its own. Empty
-    when no two ranks hold the same."""
+    its DCP rank (tp_rank % dcp); a Mamba state every rank holds in full
+    (tp_replicated), the same on every rank; anything else, something of its
+    own. Empty when no two ranks hold the same."""
     tp, dcp = mix["tp"], mix["dcp"]
     held: list[list] = [[] for _ in range(tp)]
     for layer in mix["layers"]:
         shards = layer.get("declare")
         for rank in range(tp):
-            if shards is not None and tp % shards == 0:
+            if layer["kind"] == "mamba" and layer.get("tp_replicated"):
+                held[rank].append("all")
+            elif shards is not None and tp % shards == 0:
                 held[rank].append((rank // (tp // shards), rank % dcp))
             else:
                 held[rank].append(("own", rank))
@@ -120,9 +123,6 @@ def test_random_layer_mixes_plan_as_in_the_base(tmp_path, base):
     series = results["series"]["results"]
     mixes = planning_worker.draw_mixes(planning_worker.SEED, num_mixes, base)
     assert len(base_results) == len(series) == len(mixes) == num_mixes
-    # 0.33.0's series has no replica groups.
-    has_groups = base == "0.30.0"
-
     for i, (mix, b, s) in enumerate(zip(mixes, base_results, series)):
         # Identical planning, or the identical error.
         assert b.get("plan") == s.get("plan"), f"mix {i} plans differently: {mix}"
@@ -132,21 +132,15 @@ def test_random_layer_mixes_plan_as_in_the_base(tmp_path, base):
         assert b["kv_tp_replica_groups"] is None, "the base has no replica groups"
         if "plan" in s:
             assert s["kv_tp_replicas"] == _expected_replicas(mix), f"mix {i}: {mix}"
-            if has_groups:
-                assert s["kv_tp_replica_groups"] == _expected_groups(mix), f"mix {i}"
-            else:
-                assert s["kv_tp_replica_groups"] is None, f"mix {i}"
+            assert s["kv_tp_replica_groups"] == _expected_groups(mix), f"mix {i}"
 
     # The comparison covers what it claims: most mixes plan, some of them
     # with replication claimed, and the shapes of the issue are all there.
     planned = [s for s in series if "plan" in s]
     assert len(planned) > 0.8 * num_mixes
     assert sum(s["kv_tp_replicas"] > 1 for s in planned) > 0.05 * num_mixes
-    if has_groups:
-        # ... and some with replica groups that are not runs (DCP).
-        assert any(
-            s["kv_tp_replica_groups"] and s["kv_tp_replicas"] == 1 for s in planned
-        )
+    # ... and some with replica groups that are not runs (DCP).
+    assert any(s["kv_tp_replica_groups"] and s["kv_tp_replicas"] == 1 for s in planned)
     assert any("error" in s for s in series)
     shapes = {mix["shape"] for mix in mixes}
     assert {"mamba-first", "sliding-window-first", "target+draft"} <= shapes
