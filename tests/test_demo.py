@@ -224,14 +224,20 @@ def test_at_the_limit_where_every_layer_replicates_alike(rows):
     ],
 )  # fmt: skip
 def test_dcp_keeps_one_host_copy_per_strided_replica_group(rows, arch, tp, dcp, groups):
-    # Under DCP, ranks with one DCP rank hold the same token share: the
-    # series keeps one copy per such group, at the physical limit; the base
-    # and the seed one per rank.
+    # Under DCP, ranks with one DCP rank hold the same token share: both
+    # series keep one copy per such group, at the physical limit; the
+    # releases and the seed one per rank.
     row = rows[(arch, tp, dcp)]
+    for series in SERIES:
+        r = row[series]
+        assert r["kv_tp_replica_groups"] == groups, series
+        assert r["kv_tp_replicas"] == 1, series
+        assert r["host_copies"] == len(set(groups)), series
+        assert r["host_bytes_per_token"] == pytest.approx(
+            row["limit_bytes_per_token"], rel=0.01
+        ), series
+    assert row["0.33.0"]["host_copies"] == tp
     base, seed, series = (row[t] for t in TREES)
-    assert series["kv_tp_replica_groups"] == groups
-    assert series["kv_tp_replicas"] == 1
-    assert series["host_copies"] == len(set(groups))
     assert base["host_copies"] == seed["host_copies"] == tp
     assert series["host_bytes_per_token"] == pytest.approx(
         row["limit_bytes_per_token"], rel=0.01
@@ -276,14 +282,13 @@ def test_033_two_kv_heads_at_tp8_store_two_copies_instead_of_eight(rows):
     )
 
 
-def test_033_series_reaches_the_limit_without_dcp(rows):
-    # Every model whose layers all replicate alike, at DCP 1 (the 0.33.0
-    # series has no DCP replica groups: under DCP it offloads as 0.33.0).
+def test_033_series_reaches_the_limit(rows):
+    # Every model whose layers all replicate alike, with and without DCP.
     for (arch, tp, dcp), row in rows.items():
-        if arch in UNIFORM and dcp == 1:
+        if arch in UNIFORM:
             assert row["0.33.0+series"]["host_bytes_per_token"] == pytest.approx(
                 row["limit_bytes_per_token"], rel=0.01
-            ), (arch, tp)
+            ), (arch, tp, dcp)
 
 
 def test_033_series_keeps_what_the_release_already_dedups(rows):
@@ -297,15 +302,21 @@ def test_033_series_keeps_what_the_release_already_dedups(rows):
 
 
 def _cpu_offloading(result: dict) -> dict:
-    """What CPUOffloadingSpec reserves (the canonical layout apart)."""
-    return {k: v for k, v in result.items() if k != "canonical"}
+    """What CPUOffloadingSpec reserves (the canonical layout and the replica
+    groups, which the release does not plan, apart)."""
+    return {
+        k: v
+        for k, v in result.items()
+        if k not in ("canonical", "kv_tp_replica_groups")
+    }
 
 
 def test_033_unproven_replication_is_unchanged(rows):
     # Where the 0.33.0 series proves no two ranks identical, it offloads
     # exactly as the release.
     for key, row in rows.items():
-        if row["0.33.0+series"]["kv_tp_replicas"] == 1:
+        series = row["0.33.0+series"]
+        if series["kv_tp_replicas"] == 1 and not series["kv_tp_replica_groups"]:
             assert _cpu_offloading(row["0.33.0+series"]) == _cpu_offloading(
                 row["0.33.0"]
             ), key
