@@ -239,9 +239,6 @@ def test_dcp_keeps_one_host_copy_per_strided_replica_group(rows, arch, tp, dcp, 
     assert row["0.33.0"]["host_copies"] == tp
     base, seed, series = (row[t] for t in TREES)
     assert base["host_copies"] == seed["host_copies"] == tp
-    assert series["host_bytes_per_token"] == pytest.approx(
-        row["limit_bytes_per_token"], rel=0.01
-    )
     assert (
         base["host_bytes_per_token"]
         >= tp / len(set(groups)) * 0.99 * (series["host_bytes_per_token"])
