@@ -22,6 +22,8 @@ from ws_common import (
 # check-each pass depends on.
 WS_PY = Path(__file__).with_name("ws.py")
 TOOLING = sorted(Path(__file__).parent.glob("ws*.py"))
+# The pytest plugin of check-each's test runs (among TOOLING).
+PYTEST_PLUGIN = Path(__file__).with_name("ws_check_each_plugin.py")
 
 
 class ChecksMixin:
@@ -178,10 +180,11 @@ class ChecksMixin:
             tests = [f for f in tests if f not in left]
         steps = self._lint_steps(files)
         if tests:
-            steps.append(
-                [self.python, "-m", "pytest", "-p", "no:cacheprovider", "-q", *tests]
-            )
-        return self._run_steps(steps, tree, {"PYTHONPATH": str(tree)})
+            # Without vLLM's per-test global cleanup (see PYTEST_PLUGIN).
+            steps.append([self.python, "-m", "pytest", "-p", "no:cacheprovider",
+                          "-p", PYTEST_PLUGIN.stem, "-q", *tests])  # fmt: skip
+        pythonpath = f"{tree}:{PYTEST_PLUGIN.parent}"
+        return self._run_steps(steps, tree, {"PYTHONPATH": pythonpath})
 
     def lint(self) -> None:
         """vLLM's lint on the Python files the series touches, in the tree."""
