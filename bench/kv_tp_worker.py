@@ -23,6 +23,7 @@ layer stand-ins carry the attributes either tree's layer classes read.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import json
@@ -347,6 +348,20 @@ def _host_copies(spec) -> int:
     return copies
 
 
+def _fewest_store_turns(spec, parallel) -> int:
+    """The fewest ranks that take turns storing one host copy, over every
+    rank, by the tree's own store_turn (0.33.0 series): 1 where one rank of
+    each group (or every rank, for its own copy) stores every chunk."""
+    if not getattr(spec, "rotates_store_writers", False):
+        return 1
+    from vllm.v1.kv_offload.config import store_turn
+
+    return min(
+        store_turn(dataclasses.replace(parallel, rank=rank), spec.host_replica_groups)[0]
+        for rank in range(parallel.world_size)
+    )
+
+
 def measure(arch: architectures.Arch, tp: int, dcp: int) -> dict[str, Any]:
     from vllm.config import VllmConfig
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (
@@ -391,10 +406,12 @@ def measure(arch: architectures.Arch, tp: int, dcp: int) -> dict[str, Any]:
         # it shares, one in all for the replicated layout, else one per rank.
         "host_copies": copies,
         # Device-to-host bytes per offloaded token: every copy is written
-        # once, each by one rank (a group's writer), which writes its own
-        # page: the busiest rank writes one rank's bytes.
+        # once, one rank's page each. The busiest rank writes one rank's
+        # bytes where one rank of each group stores every chunk, its turn's
+        # share where the group's ranks take turns per chunk.
         "store_bytes_per_token": copies * worker_bytes_per_token,
-        "busiest_rank_store_bytes_per_token": worker_bytes_per_token,
+        "busiest_rank_store_bytes_per_token": worker_bytes_per_token
+        / _fewest_store_turns(spec, offloading.parallel),
         "canonical": _canonical_layout(
             arch, tp, dcp, configs, tokens_per_chunk, block_size
         ),

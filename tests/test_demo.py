@@ -388,14 +388,19 @@ def test_canonical_column_is_what_each_release_decides_on_each_side(rows):
 
 def test_store_traffic_is_one_page_per_copy(rows):
     for key, row in rows.items():
+        tp = key[1]
         for tree in demo.LABELS:
             r = row[tree]
             assert r["store_bytes_per_token"] == (
                 r["host_copies"] * r["worker_bytes_per_token"]
             ), (key, tree)
-            assert (
-                r["busiest_rank_store_bytes_per_token"] == r["worker_bytes_per_token"]
-            )
+            # With the 0.33.0 series the ranks sharing a host copy (equal
+            # groups at these TP sizes) take turns writing it; elsewhere one
+            # rank writes each copy whole.
+            turns = tp // r["host_copies"] if tree == "0.33.0+series" else 1
+            assert r["busiest_rank_store_bytes_per_token"] * turns == (
+                r["worker_bytes_per_token"]
+            ), (key, tree)
 
 
 def test_the_chart_shows_the_summary(all_rows, tmp_path):
