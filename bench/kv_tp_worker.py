@@ -356,8 +356,9 @@ def _fewest_store_turns(spec, parallel) -> int:
         return 1
     from vllm.v1.kv_offload.config import store_turn
 
+    groups = spec.host_replica_groups
     return min(
-        store_turn(dataclasses.replace(parallel, rank=rank), spec.host_replica_groups)[0]
+        store_turn(dataclasses.replace(parallel, rank=rank), groups)[0]
         for rank in range(parallel.world_size)
     )
 
