@@ -291,18 +291,26 @@ def main() -> None:
                     "error": [type(e).__name__, error_text(e)],
                     "kv_tp_replicas": None,
                     "kv_tp_replica_groups": None,
+                    "layer_tp_replica_groups": None,
                 }
             )
             continue
         replicas = {getattr(cfg, "kv_tp_replicas", None) for cfg in configs}
         groups = {getattr(cfg, "kv_tp_replica_groups", None) for cfg in configs}
+        layer_groups = [
+            getattr(cfg, "layer_tp_replica_groups", None) for cfg in configs
+        ]
         assert len(replicas) == len(groups) == 1, (replicas, groups)
-        group = groups.pop()
+        assert all(g == layer_groups[0] for g in layer_groups), layer_groups
+        group, per_layer = groups.pop(), layer_groups[0]
         results.append(
             {
                 "plan": canon(configs),
                 "kv_tp_replicas": replicas.pop(),
                 "kv_tp_replica_groups": None if group is None else list(group),
+                "layer_tp_replica_groups": None
+                if per_layer is None
+                else {name: list(g) for name, g in per_layer.items()},
             }
         )
     with open(args.out, "w") as f:

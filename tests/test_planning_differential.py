@@ -1,8 +1,9 @@
 """The series changes what is claimed about replication, nothing else: random
 KV cache layer mixes plan exactly as in the unpatched base (the same groups,
 layers, specs, tensors and num_blocks, or the same error), whatever the
-layers declare, and the series' kv_tp_replicas and kv_tp_replica_groups are
-what each layer's own declaration proves.
+layers declare, and the series' kv_tp_replicas and kv_tp_replica_groups
+(and in 0.33.0 each layer's own layer_tp_replica_groups) are what each
+layer's own declaration proves.
 
 For each base: the unpatched release plans the layers as its users get them
 today (declaring only what the release's own layers declare: nothing in
@@ -78,15 +79,16 @@ def _release_replicas(base: str, mix: dict) -> int | None:
     return replicas or 1
 
 
-def _expected_groups(mix: dict) -> list[int]:
-    """The replica groups from what each rank holds of each layer: a declared
-    attention layer whose shards divide TP, its head shard and, under DCP,
-    its DCP rank (tp_rank % dcp); a Mamba state every rank holds in full
-    (tp_replicated), the same on every rank; anything else, something of its
-    own. Empty when no two ranks hold the same."""
+def _expected_groups(mix: dict, layers: list[dict] | None = None) -> list[int]:
+    """The replica groups from what each rank holds of each of ``layers``
+    (default: the mix's): a declared attention layer whose shards divide TP,
+    its head shard and, under DCP, its DCP rank (tp_rank % dcp); a Mamba
+    state every rank holds in full (tp_replicated), the same on every rank;
+    anything else, something of its own. Empty when no two ranks hold the
+    same."""
     tp, dcp = mix["tp"], mix["dcp"]
     held: list[list] = [[] for _ in range(tp)]
-    for layer in mix["layers"]:
+    for layer in mix["layers"] if layers is None else layers:
         shards = layer.get("declare")
         for rank in range(tp):
             if layer["kind"] == "mamba" and layer.get("tp_replicated"):
@@ -98,6 +100,14 @@ def _expected_groups(mix: dict) -> list[int]:
     ids: dict[tuple, int] = {}
     groups = [ids.setdefault(tuple(h), len(ids)) for h in held]
     return [] if len(ids) == tp else groups
+
+
+def _expected_layer_groups(mix: dict) -> dict[str, list[int]]:
+    """Each layer's own replica groups, where some ranks share one."""
+    per_layer = {
+        layer["name"]: _expected_groups(mix, [layer]) for layer in mix["layers"]
+    }
+    return {name: groups for name, groups in per_layer.items() if groups}
 
 
 @pytest.mark.parametrize("base", sorted(NUM_MIXES))
@@ -130,9 +140,14 @@ def test_random_layer_mixes_plan_as_in_the_base(tmp_path, base):
         release_replicas = _release_replicas(base, mix) if "plan" in b else None
         assert b["kv_tp_replicas"] == release_replicas, f"mix {i}: {mix}"
         assert b["kv_tp_replica_groups"] is None, "the base has no replica groups"
+        assert b["layer_tp_replica_groups"] is None, "nor per-layer groups"
         if "plan" in s:
             assert s["kv_tp_replicas"] == _expected_replicas(mix), f"mix {i}: {mix}"
             assert s["kv_tp_replica_groups"] == _expected_groups(mix), f"mix {i}"
+            if base != "0.30.0":  # 0.30.0 takes fixes only
+                assert s["layer_tp_replica_groups"] == _expected_layer_groups(mix), (
+                    f"mix {i}: {mix}"
+                )
 
     # The comparison covers what it claims: most mixes plan, some of them
     # with replication claimed, and the shapes of the issue are all there.
@@ -141,6 +156,12 @@ def test_random_layer_mixes_plan_as_in_the_base(tmp_path, base):
     assert sum(s["kv_tp_replicas"] > 1 for s in planned) > 0.05 * num_mixes
     # ... and some with replica groups that are not runs (DCP).
     assert any(s["kv_tp_replica_groups"] and s["kv_tp_replicas"] == 1 for s in planned)
+    if base != "0.30.0":
+        # ... and layer classes that share more than the whole model does.
+        assert any(
+            s["layer_tp_replica_groups"] and not s["kv_tp_replica_groups"]
+            for s in planned
+        )
     assert any("error" in s for s in series)
     shapes = {mix["shape"] for mix in mixes}
     assert {"mamba-first", "sliding-window-first", "target+draft"} <= shapes
