@@ -185,6 +185,28 @@ def print_summary(rows: list[dict]) -> None:
         "0.33.0; of limit: how close the series gets. Every model at every TP "
         "and DCP size follows."
     )
+    below = [
+        row
+        for row in summary_rows(rows)
+        if _ok(row) and len(row["0.33.0+series"]["layer_classes"] or ()) > 1
+    ]
+    if not below:
+        return
+    print(
+        "\nWhere a model's layer classes need different host copy counts, one "
+        "host layout keeps the\ncopies of all of them together: the rows "
+        "below the limit (the series plans each layer's\nreplica groups, and "
+        "the engine names them at start-up):"
+    )
+    for row in below:
+        series = row["0.33.0+series"]
+        needs = ", ".join(
+            f"{c['copies']} for "
+            + " + ".join(f"{n} {what}" for what, n in c["layers"].items())
+            + f" layer{'s' if sum(c['layers'].values()) > 1 else ''}"
+            for c in series["layer_classes"]
+        )
+        print(f"  {row['arch']}, TP {row['tp']}: {needs}; {series['host_copies']} kept")
 
 
 def plot_summary(rows: list[dict], path: Path) -> None:

@@ -422,7 +422,32 @@ def measure(arch: architectures.Arch, tp: int, dcp: int) -> dict[str, Any]:
         * _distinct_copies(arch, kv_cache_config, tp, dcp),
         "host_bytes_per_token": spec.kv_bytes_per_chunk / tokens_per_chunk,
         "tokens_per_gib": spec.num_chunks * tokens_per_chunk,
+        "layer_classes": _layer_classes(arch, kv_cache_config, tp),
     }
+
+
+def _layer_classes(arch: architectures.Arch, kv_cache_config, tp: int):
+    """The host copies each class of layers (those with equal replica
+    groups) would need on its own, from the groups the tree plans for each
+    layer on its own (KVCacheConfig.layer_tp_replica_groups, the 0.33.0
+    series; None where the tree plans none): per class, its copies and its
+    layers by kind (and cache, where a layer has several), in the order of
+    their first layer."""
+    planned = getattr(kv_cache_config, "layer_tp_replica_groups", None)
+    if planned is None:
+        return None
+    classes: dict[tuple[int, ...], dict[str, int]] = {}
+    for group in kv_cache_config.kv_cache_groups:
+        for name in group.layer_names:
+            _, _, index, cache = name.split(".")
+            kind = arch.layers[int(index)]
+            what = kind if cache in ("attn", "mixer") else f"{kind} {cache}"
+            layers = classes.setdefault(tuple(planned.get(name, range(tp))), {})
+            layers[what] = layers.get(what, 0) + 1
+    return [
+        {"copies": len(set(groups)), "layers": layers}
+        for groups, layers in classes.items()
+    ]
 
 
 def _canonical_layout(

@@ -425,3 +425,45 @@ def test_the_chart_shows_the_summary(all_rows, tmp_path):
         Image.open(ROOT / "docs" / "demo-summary.png").info["Description"]
     )
     assert readme_chart == drawn
+
+
+def test_layer_classes_need_what_each_layer_splits_into(rows, all_rows):
+    """Per class of layers (equal replica groups, planned per layer by the
+    0.33.0 series), the host copies the class needs are the distinct pieces
+    each of its layers splits into by the model's math, every layer counted
+    once; the copies kept are those of every class together, so never fewer
+    than any class needs. Only the mixes have more than one class, and the
+    release plans none."""
+    archs = {a.name: a for a in demo.architectures.ARCHITECTURES}
+    mixed = set()
+    for (name, tp, dcp), row in rows.items():
+        arch, series = archs[name], row["0.33.0+series"]
+        assert row["0.33.0"]["layer_classes"] is None
+        counted: dict[str, int] = {}
+        for layer_class in series["layer_classes"]:
+            for what, count in layer_class["layers"].items():
+                kind = what.split()[0]
+                pieces = demo.architectures.distinct_shards(kind, arch, tp, dcp)
+                assert layer_class["copies"] == pieces, (name, tp, dcp, what)
+                counted[kind] = counted.get(kind, 0) + count
+            assert series["host_copies"] >= layer_class["copies"]
+        caches = {"dsv32": 2, "dsv4": 3}
+        assert counted == {
+            kind: arch.layers.count(kind) * caches.get(kind, 1)
+            for kind in set(arch.layers)
+        }
+        if len(series["layer_classes"]) > 1:
+            mixed.add(name)
+    assert mixed == {a.name for a in archs.values()} - set(UNIFORM)
+    # The summary names the classes of exactly these rows, at the usual TP.
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        demo.print_summary(list(all_rows.values()))
+    classes = text.getvalue().split("the engine names them at start-up):\n")[1]
+    assert [line.split(", TP ")[0].strip() for line in classes.splitlines()] == [
+        a.name for a in demo.architectures.ARCHITECTURES if a.name in mixed
+    ]
+    assert (
+        "  DeepSeek-V3 + EAGLE-3 draft (8 KV heads), TP 8: 1 for 61 mla layers, "
+        "8 for 1 draft layer; 8 kept" in classes.splitlines()
+    )
