@@ -299,10 +299,11 @@ def test_033_series_keeps_what_the_release_already_dedups(rows):
 
 
 def _cpu_offloading(result: dict) -> dict:
-    """What CPUOffloadingSpec reserves (the canonical layout and the replica
-    groups, which the release does not plan, apart, and the busiest rank's
-    store traffic, which the series spreads over the ranks sharing a copy:
-    see test_store_traffic_is_one_page_per_copy)."""
+    """What CPUOffloadingSpec reserves (the canonical layout, and the replica
+    groups and layer classes, which the release does not plan, apart: see
+    test_layer_classes_need_what_each_layer_splits_into; and the busiest
+    rank's store traffic, which the series spreads over the ranks sharing a
+    copy: see test_store_traffic_is_one_page_per_copy)."""
     return {
         k: v
         for k, v in result.items()
@@ -310,6 +311,7 @@ def _cpu_offloading(result: dict) -> dict:
         not in (
             "canonical",
             "kv_tp_replica_groups",
+            "layer_classes",
             "busiest_rank_store_bytes_per_token",
         )
     }
