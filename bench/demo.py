@@ -185,20 +185,22 @@ def print_summary(rows: list[dict]) -> None:
         "0.33.0; of limit: how close the series gets. Every model at every TP "
         "and DCP size follows."
     )
-    below = [
+    mixed = [
         row
         for row in summary_rows(rows)
         if _ok(row) and len(row["0.33.0+series"]["layer_classes"] or ()) > 1
     ]
-    if not below:
+    if not mixed:
         return
     print(
-        "\nWhere a model's layer classes need different host copy counts, one "
-        "host layout keeps the\ncopies of all of them together: the rows "
-        "below the limit (the series plans each layer's\nreplica groups, and "
-        "the engine names them at start-up):"
+        "\nWhere a model's layer classes need different host copy counts, the "
+        "copies each needs (the\nseries plans each layer's replica groups, and "
+        "the engine names them at start-up). Classes\nin one KV cache group "
+        "(a target and its draft, MLA beside GQA) keep their own copies;\n"
+        "hybrids, whose classes are KV cache groups apart, still keep those of "
+        "every class together:"
     )
-    for row in below:
+    for row in mixed:
         series = row["0.33.0+series"]
         needs = ", ".join(
             f"{c['copies']} for "
@@ -206,7 +208,12 @@ def print_summary(rows: list[dict]) -> None:
             + f" layer{'s' if sum(c['layers'].values()) > 1 else ''}"
             for c in series["layer_classes"]
         )
-        print(f"  {row['arch']}, TP {row['tp']}: {needs}; {series['host_copies']} kept")
+        kept = (
+            "each class keeps its own"
+            if series["layer_copies"]
+            else f"{series['host_copies']} kept"
+        )
+        print(f"  {row['arch']}, TP {row['tp']}: {needs}; {kept}")
 
 
 def plot_summary(rows: list[dict], path: Path) -> None:
@@ -315,7 +322,9 @@ def print_table(rows: list[dict]) -> None:
         "Each column comes from that tree's own\nget_kv_cache_configs, "
         "build_offloading_config and CPUOffloadingSpec (1 GiB of cpu_bytes_to_use;\n"
         "tokens per GiB are in --json). host copies: of each offloaded chunk, one "
-        "per group of TP\nranks that hold identical KV. limit: every distinct "
+        "per group of TP\nranks that hold identical KV (with a decimal point: "
+        "averaged over the layers, weighted by\ntheir pages, where each layer "
+        "keeps its own copies). limit: every distinct "
         "piece of KV stored once (MLA-style caches\nonce, GQA once per KV head, "
         "Mamba state once per rank, DCP token shards each once), from one\nrank's "
         "bytes weighted by each layer's share of its pages; series/limit: host "

@@ -363,6 +363,35 @@ def _fewest_store_turns(spec, parallel) -> int:
     )
 
 
+def _layer_copies_traffic(
+    layer_copies, parallel, tokens_per_block: int
+) -> tuple[float, float, float]:
+    """Where each layer keeps its own copies (the 0.33.0 series'
+    layer_copies): the copies weighted by each layer's page, and the
+    device-to-host bytes per offloaded token of all ranks together (every
+    copy of every layer written once) and of the busiest rank, which writes
+    the chunks of its turn (store_turn) of each layer's copy."""
+    from vllm.v1.kv_offload.config import store_turn
+
+    pages = sum(layer.page_size_bytes for layer in layer_copies)
+    held = sum(layer.num_copies * layer.page_size_bytes for layer in layer_copies)
+    busiest = max(
+        sum(
+            layer.page_size_bytes
+            / store_turn(
+                dataclasses.replace(parallel, rank=rank), layer.replica_groups
+            )[0]
+            for layer in layer_copies
+        )
+        for rank in range(parallel.world_size)
+    )
+    return (
+        round(held / pages, 2),
+        held / tokens_per_block,
+        busiest / tokens_per_block,
+    )
+
+
 def measure(arch: architectures.Arch, tp: int, dcp: int) -> dict[str, Any]:
     from vllm.config import VllmConfig
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (
@@ -398,21 +427,34 @@ def measure(arch: architectures.Arch, tp: int, dcp: int) -> dict[str, Any]:
     )
     # The replica group of each TP rank, where the tree plans one.
     groups = tuple(getattr(kv_cache_config, "kv_tp_replica_groups", ()))
-    copies = _host_copies(spec)
+    layer_copies = getattr(spec, "layer_copies", ())
+    if layer_copies:
+        copies, store, busiest = _layer_copies_traffic(
+            layer_copies, offloading.parallel, min(tokens_per_block)
+        )
+    else:
+        copies = _host_copies(spec)
+        # Every copy is written once, one rank's page each. The busiest rank
+        # writes one rank's bytes where one rank of each group stores every
+        # chunk, its turn's share where the group's ranks take turns.
+        store = copies * worker_bytes_per_token
+        busiest = worker_bytes_per_token / _fewest_store_turns(
+            spec, offloading.parallel
+        )
     return {
         "kv_tp_replicas": getattr(kv_cache_config, "kv_tp_replicas", None),
         "kv_tp_replica_groups": list(groups) or None,
         "replicated_layout": spec.replicated_layout,
         # Host copies of each chunk the CPU spec keeps: one per replica group
-        # it shares, one in all for the replicated layout, else one per rank.
+        # it shares, one in all for the replicated layout, else one per rank;
+        # weighted by each layer's page where each layer keeps its own.
         "host_copies": copies,
-        # Device-to-host bytes per offloaded token: every copy is written
-        # once, one rank's page each. The busiest rank writes one rank's
-        # bytes where one rank of each group stores every chunk, its turn's
-        # share where the group's ranks take turns per chunk.
-        "store_bytes_per_token": copies * worker_bytes_per_token,
-        "busiest_rank_store_bytes_per_token": worker_bytes_per_token
-        / _fewest_store_turns(spec, offloading.parallel),
+        # Whether each layer keeps its own copies (0.33.0 series).
+        "layer_copies": bool(layer_copies),
+        # Device-to-host bytes per offloaded token, by all ranks together and
+        # by the busiest rank.
+        "store_bytes_per_token": store,
+        "busiest_rank_store_bytes_per_token": busiest,
         "canonical": _canonical_layout(
             arch, tp, dcp, configs, tokens_per_chunk, block_size
         ),

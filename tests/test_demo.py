@@ -288,6 +288,37 @@ def test_033_series_reaches_the_limit(rows):
             ), (arch, tp, dcp)
 
 
+# Mixes whose classes share one KV cache group: a target and its draft, MLA
+# beside GQA. The others are hybrids, whose state is a KV cache group apart.
+ONE_GROUP_MIXES = (
+    "MLA + GQA-8 mix",
+    "DeepSeek-V3 + EAGLE-3 draft (8 KV heads)",
+    "Qwen3-235B-like + EAGLE-3 draft (8 KV heads)",
+)
+
+
+def test_033_series_reaches_the_limit_where_classes_share_a_group(rows):
+    """Where the layers of one KV cache group need different host copy
+    counts, each keeps its own (layer_copies), at every TP and DCP size:
+    the limit, up to the row's page alignment. Only those mixes do; the
+    hybrids keep one layout."""
+    with_layer_copies = set()
+    for (arch, tp, dcp), row in rows.items():
+        series = row["0.33.0+series"]
+        assert not row["0.33.0"]["layer_copies"]
+        if series["layer_copies"]:
+            with_layer_copies.add(arch)
+            assert series["host_bytes_per_token"] == pytest.approx(
+                row["limit_bytes_per_token"], rel=0.01
+            ), (arch, tp, dcp)
+            assert len(series["layer_classes"]) > 1
+        elif arch in ONE_GROUP_MIXES:
+            # One class only: TP 1, or at TP 16 under DCP where no two
+            # ranks share anything.
+            assert len(series["layer_classes"]) == 1, (arch, tp, dcp)
+    assert with_layer_copies == set(ONE_GROUP_MIXES)
+
+
 def test_033_series_keeps_what_the_release_already_dedups(rows):
     # MLA-style models: 0.33.0 itself keeps one copy; the series keeps that.
     for (arch, tp, dcp), row in rows.items():
@@ -322,7 +353,11 @@ def test_033_unproven_replication_is_unchanged(rows):
     # exactly as the release.
     for key, row in rows.items():
         series = row["0.33.0+series"]
-        if series["kv_tp_replicas"] == 1 and not series["kv_tp_replica_groups"]:
+        if (
+            series["kv_tp_replicas"] == 1
+            and not series["kv_tp_replica_groups"]
+            and not series["layer_copies"]
+        ):
             assert _cpu_offloading(row["0.33.0+series"]) == _cpu_offloading(
                 row["0.33.0"]
             ), key
@@ -400,6 +435,16 @@ def test_store_traffic_is_one_page_per_copy(rows):
         tp = key[1]
         for tree in demo.LABELS:
             r = row[tree]
+            if r["layer_copies"]:
+                # Each layer's copies written once, every distinct piece of
+                # KV once, and the ranks of each layer's groups take turns.
+                assert r["store_bytes_per_token"] == pytest.approx(
+                    row["limit_bytes_per_token"], rel=0.01
+                ), key
+                assert r["busiest_rank_store_bytes_per_token"] * tp == (
+                    pytest.approx(r["store_bytes_per_token"])
+                ), key
+                continue
             assert r["store_bytes_per_token"] == (
                 r["host_copies"] * r["worker_bytes_per_token"]
             ), (key, tree)
@@ -433,8 +478,10 @@ def test_layer_classes_need_what_each_layer_splits_into(rows, all_rows):
     """Per class of layers (equal replica groups, planned per layer by the
     0.33.0 series), the host copies the class needs are the distinct pieces
     each of its layers splits into by the model's math, every layer counted
-    once; the copies kept are those of every class together, so never fewer
-    than any class needs. Only the mixes have more than one class, and the
+    once. Where one host layout serves every class (the hybrids), it keeps
+    never fewer copies than any class needs; where each class keeps its own
+    (layer_copies), the page-weighted average lies between the fewest and
+    the most. Only the mixes have more than one class, and the
     release plans none."""
     archs = {a.name: a for a in demo.architectures.ARCHITECTURES}
     mixed = set()
@@ -448,7 +495,12 @@ def test_layer_classes_need_what_each_layer_splits_into(rows, all_rows):
                 pieces = demo.architectures.distinct_shards(kind, arch, tp, dcp)
                 assert layer_class["copies"] == pieces, (name, tp, dcp, what)
                 counted[kind] = counted.get(kind, 0) + count
-            assert series["host_copies"] >= layer_class["copies"]
+            if not series["layer_copies"]:
+                assert series["host_copies"] >= layer_class["copies"]
+        if series["layer_copies"]:
+            # Each class keeps its own: between the fewest and the most.
+            needs = [c["copies"] for c in series["layer_classes"]]
+            assert min(needs) <= series["host_copies"] <= max(needs)
         caches = {"dsv32": 2, "dsv4": 3}
         assert counted == {
             kind: arch.layers.count(kind) * caches.get(kind, 1)
@@ -461,11 +513,11 @@ def test_layer_classes_need_what_each_layer_splits_into(rows, all_rows):
     text = io.StringIO()
     with contextlib.redirect_stdout(text):
         demo.print_summary(list(all_rows.values()))
-    classes = text.getvalue().split("the engine names them at start-up):\n")[1]
+    classes = text.getvalue().split("keep those of every class together:\n")[1]
     assert [line.split(", TP ")[0].strip() for line in classes.splitlines()] == [
         a.name for a in demo.architectures.ARCHITECTURES if a.name in mixed
     ]
     assert (
         "  DeepSeek-V3 + EAGLE-3 draft (8 KV heads), TP 8: 1 for 61 mla layers, "
-        "8 for 1 draft layer; 8 kept" in classes.splitlines()
+        "8 for 1 draft layer; each class keeps its own" in classes.splitlines()
     )
