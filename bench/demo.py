@@ -196,9 +196,9 @@ def print_summary(rows: list[dict]) -> None:
         "\nWhere a model's layer classes need different host copy counts, the "
         "copies each needs (the\nseries plans each layer's replica groups, and "
         "the engine names them at start-up). Classes\nin one KV cache group "
-        "(a target and its draft, MLA beside GQA) keep their own copies;\n"
-        "hybrids, whose classes are KV cache groups apart, still keep those of "
-        "every class together:"
+        "(a target and its draft, MLA beside GQA) keep their own copies in\n"
+        "every chunk; the KV cache groups of a hybrid keep theirs in host units "
+        "that all groups share:"
     )
     for row in mixed:
         series = row["0.33.0+series"]
@@ -210,7 +210,7 @@ def print_summary(rows: list[dict]) -> None:
         )
         kept = (
             "each class keeps its own"
-            if series["layer_copies"]
+            if series["layer_copies"] or series.get("group_copies")
             else f"{series['host_copies']} kept"
         )
         print(f"  {row['arch']}, TP {row['tp']}: {needs}; {kept}")
@@ -324,10 +324,14 @@ def print_table(rows: list[dict]) -> None:
         "tokens per GiB are in --json). host copies: of each offloaded chunk, one "
         "per group of TP\nranks that hold identical KV (with a decimal point: "
         "averaged over the layers, weighted by\ntheir pages, where each layer "
-        "keeps its own copies). limit: every distinct "
+        "keeps its own copies; over a hybrid's KV cache groups where each\n"
+        "group keeps its own, a chunk of every group counted per chunk of "
+        "tokens). limit: every distinct "
         "piece of KV stored once (MLA-style caches\nonce, GQA once per KV head, "
         "Mamba state once per rank, DCP token shards each once), from one\nrank's "
-        "bytes weighted by each layer's share of its pages; series/limit: host "
+        "bytes weighted by each layer's share of its KV cache group's pages, "
+        "averaged over the\ngroups (a chunk of tokens is a chunk of every "
+        "group); series/limit: host "
         "bytes of each\nseries over that limit (alignment padding shows as a "
         "little over 1). canonical: host copies of 0.33.0's\ncanonical layout "
         "(TieringOffloadingSpec, canonical_layout) on a worker / on the "

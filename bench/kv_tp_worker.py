@@ -392,6 +392,34 @@ def _layer_copies_traffic(
     )
 
 
+def _group_copies_traffic(
+    group_copies, parallel, worker_bytes_per_token: float
+) -> tuple[float, float, float]:
+    """Where each KV cache group of a hybrid keeps its own copies (the 0.33.0
+    series' group_copies), a chunk of each group being one host unit per
+    replica group of that group: the mean copies of a chunk over the groups
+    (the demo counts a chunk of every group per chunk of tokens), and the
+    device-to-host bytes per offloaded token of all ranks together (every
+    unit written once) and of the busiest rank, which writes the units of
+    its turn (store_turn) in each group."""
+    from vllm.v1.kv_offload.config import store_turn
+
+    copies = [len(set(groups)) for groups in group_copies]
+    busiest = max(
+        sum(
+            1 / store_turn(dataclasses.replace(parallel, rank=rank), groups)[0]
+            for groups in group_copies
+        )
+        for rank in range(parallel.world_size)
+    )
+    mean = sum(copies) / len(copies)
+    return (
+        round(mean, 2),
+        mean * worker_bytes_per_token,
+        busiest / len(copies) * worker_bytes_per_token,
+    )
+
+
 def measure(arch: architectures.Arch, tp: int, dcp: int) -> dict[str, Any]:
     from vllm.config import VllmConfig
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (
@@ -428,7 +456,20 @@ def measure(arch: architectures.Arch, tp: int, dcp: int) -> dict[str, Any]:
     # The replica group of each TP rank, where the tree plans one.
     groups = tuple(getattr(kv_cache_config, "kv_tp_replica_groups", ()))
     layer_copies = getattr(spec, "layer_copies", ())
-    if layer_copies:
+    group_copies = getattr(spec, "group_copies", ())
+    # Chunks of tokens the host holds, and its bytes per token: a chunk row
+    # each, or, where each group keeps its own copies, a chunk of every
+    # group in as many host units as it keeps copies.
+    chunks_of_tokens = spec.num_chunks
+    host_bytes_per_chunk = spec.kv_bytes_per_chunk
+    if group_copies:
+        copies, store, busiest = _group_copies_traffic(
+            group_copies, offloading.parallel, worker_bytes_per_token
+        )
+        units = sum(len(set(groups)) for groups in group_copies) / len(group_copies)
+        chunks_of_tokens = int(spec.num_chunks / units)
+        host_bytes_per_chunk = spec.kv_bytes_per_chunk * units
+    elif layer_copies:
         copies, store, busiest = _layer_copies_traffic(
             layer_copies, offloading.parallel, min(tokens_per_block)
         )
@@ -451,6 +492,9 @@ def measure(arch: architectures.Arch, tp: int, dcp: int) -> dict[str, Any]:
         "host_copies": copies,
         # Whether each layer keeps its own copies (0.33.0 series).
         "layer_copies": bool(layer_copies),
+        # Whether each KV cache group of a hybrid keeps its own (0.33.0
+        # series).
+        "group_copies": bool(group_copies),
         # Device-to-host bytes per offloaded token, by all ranks together and
         # by the busiest rank.
         "store_bytes_per_token": store,
@@ -461,9 +505,9 @@ def measure(arch: architectures.Arch, tp: int, dcp: int) -> dict[str, Any]:
         "worker_bytes_per_token": worker_bytes_per_token,
         # The physical limit: every distinct piece of KV stored once.
         "limit_bytes_per_token": worker_bytes_per_token
-        * _distinct_copies(arch, kv_cache_config, tp, dcp),
-        "host_bytes_per_token": spec.kv_bytes_per_chunk / tokens_per_chunk,
-        "tokens_per_gib": spec.num_chunks * tokens_per_chunk,
+        * _distinct_copies(arch, kv_cache_config, offloading, tp, dcp),
+        "host_bytes_per_token": host_bytes_per_chunk / tokens_per_chunk,
+        "tokens_per_gib": chunks_of_tokens * tokens_per_chunk,
         "layer_classes": _layer_classes(arch, kv_cache_config, tp),
     }
 
@@ -531,25 +575,32 @@ def _canonical_layout(
     return out
 
 
-def _distinct_copies(arch: architectures.Arch, kv_cache_config, tp: int, dcp: int):
-    """How many copies of a rank's KV the model's distinct KV amounts to:
-    each layer's distinct pieces (architectures.distinct_shards), weighted by
-    the layer's share of the rank's pages."""
+def _distinct_copies(
+    arch: architectures.Arch, kv_cache_config, offloading, tp: int, dcp: int
+):
+    """How many copies of one rank's block the model's distinct KV amounts
+    to, per offloaded chunk: for each offloaded KV cache group, its layers'
+    distinct pieces (architectures.distinct_shards) weighted by each layer's
+    share of the group's pages; averaged over the groups, a chunk of tokens
+    being a chunk of every group, each a block of the rank's bytes."""
     from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
 
-    weighted = total = 0
-    for group in kv_cache_config.kv_cache_groups:
+    per_group = []
+    for group_config in offloading.groups:
+        group = kv_cache_config.kv_cache_groups[group_config.group_id]
         spec = group.kv_cache_spec
         if isinstance(spec, UniformTypeKVCacheSpecs):
             layers = list(spec.kv_cache_specs.items())
         else:
             layers = [(name, spec) for name in group.layer_names]
+        weighted = total = 0
         for name, layer_spec in layers:
             kind = arch.layers[int(name.split(".")[2])]
             pieces = architectures.distinct_shards(kind, arch, tp, dcp)
             weighted += layer_spec.page_size_bytes * pieces
             total += layer_spec.page_size_bytes
-    return weighted / total
+        per_group.append(weighted / total)
+    return sum(per_group) / len(per_group)
 
 
 def rejected_by_design(e: Exception) -> str | None:

@@ -319,6 +319,39 @@ def test_033_series_reaches_the_limit_where_classes_share_a_group(rows):
     assert with_layer_copies == set(ONE_GROUP_MIXES)
 
 
+# Hybrids: attention beside linear-attention or Mamba state, KV cache groups
+# apart.
+HYBRIDS = (
+    "MLA + Mamba hybrid",
+    "Qwen3.5/Qwen3-Next-like (3 GDN : 1 attention, 2 KV heads)",
+    "Nemotron-Nano-like (Mamba2 hybrid, 2 KV heads)",
+    "Kimi-Linear-like (3 KDA : 1 MLA)",
+)
+
+
+def test_033_series_reaches_the_limit_where_hybrid_groups_replicate_differently(
+    rows,
+):
+    """Where the KV cache groups of a hybrid need different host copy
+    counts, each keeps its own (group_copies), at every TP and DCP size: the
+    limit, up to the unit's page alignment, and more tokens than the
+    release. Only the hybrids do."""
+    with_group_copies = set()
+    for (arch, tp, dcp), row in rows.items():
+        series = row["0.33.0+series"]
+        assert not row["0.33.0"]["group_copies"]
+        if series["group_copies"]:
+            with_group_copies.add(arch)
+            assert not series["layer_copies"]
+            assert series["host_bytes_per_token"] == pytest.approx(
+                row["limit_bytes_per_token"], rel=0.01
+            ), (arch, tp, dcp)
+            assert len(series["layer_classes"]) > 1
+            # Better than the release wherever it keeps more than one copy.
+            assert series["tokens_per_gib"] > row["0.33.0"]["tokens_per_gib"]
+    assert with_group_copies == set(HYBRIDS)
+
+
 def test_033_series_keeps_what_the_release_already_dedups(rows):
     # MLA-style models: 0.33.0 itself keeps one copy; the series keeps that.
     for (arch, tp, dcp), row in rows.items():
@@ -357,6 +390,7 @@ def test_033_unproven_replication_is_unchanged(rows):
             series["kv_tp_replicas"] == 1
             and not series["kv_tp_replica_groups"]
             and not series["layer_copies"]
+            and not series["group_copies"]
         ):
             assert _cpu_offloading(row["0.33.0+series"]) == _cpu_offloading(
                 row["0.33.0"]
@@ -371,12 +405,14 @@ def test_033_series_canonical_layout_agrees_on_both_sides(rows):
     assert any(not row["0.33.0"]["canonical"]["agree"] for row in rows.values())
 
 
-def _page_weighted_limit(row: dict, pieces: dict[int, int]) -> float:
+def _mean_limit(row: dict, pieces: dict[int, int]) -> float:
     """The physical limit from one rank's bytes per token, when every layer's
     page is the same size (a hybrid's pages are padded to one size): the mean
-    over the layers of their distinct pieces, `pieces` {count: layers}."""
-    layers = sum(pieces.values())
-    distinct = sum(count * n for count, n in pieces.items()) / layers
+    distinct pieces of the layers, or of a hybrid's KV cache groups (a chunk
+    of tokens is a chunk of every group), `pieces` {count: layers or
+    groups}."""
+    n = sum(pieces.values())
+    distinct = sum(count * k for count, k in pieces.items()) / n
     return row["0.33.0+series"]["worker_bytes_per_token"] * distinct
 
 
@@ -393,21 +429,27 @@ def test_realistic_mixes_against_an_independent_count_of_distinct_kv(rows):
     row = rows[("Qwen3-235B-like + EAGLE-3 draft (8 KV heads)", 8, 1)]
     assert row["limit_bytes_per_token"] == (94 * 4 + 8) * 512
     # Hybrids, TP 8: each state is per rank (8 pieces), each attention layer
-    # has 2 KV heads; vLLM pads every page to one size.
+    # has 2 KV heads; vLLM pads every page to one size and groups the layers
+    # in KV cache groups of as many layers as the model has attention layers
+    # (the last group of state padded), each group's chunk one block.
     row = rows[("Qwen3.5/Qwen3-Next-like (3 GDN : 1 attention, 2 KV heads)", 8, 1)]
     assert row["limit_bytes_per_token"] == pytest.approx(
-        _page_weighted_limit(row, {8: 36, 2: 12})
+        _mean_limit(row, {8: 36, 2: 12})
     )
+    assert row["limit_bytes_per_token"] == pytest.approx(
+        _mean_limit(row, {8: 3, 2: 1})
+    )
+    # 27 Mamba2 layers in 7 groups of 4, 4 attention layers in one.
     row = rows[("Nemotron-Nano-like (Mamba2 hybrid, 2 KV heads)", 8, 1)]
     assert row["limit_bytes_per_token"] == pytest.approx(
-        _page_weighted_limit(row, {8: 27, 2: 4})
+        _mean_limit(row, {8: 7, 2: 1})
     )
-    # Kimi-Linear-like: 20 KDA layers (per rank), 7 MLA layers (one latent
-    # for all ranks), at TP 8 and 16.
+    # Kimi-Linear-like: 20 KDA layers (per rank) in 3 groups of 7, 7 MLA
+    # layers (one latent for all ranks) in one, at TP 8 and 16.
     for tp in (8, 16):
         row = rows[("Kimi-Linear-like (3 KDA : 1 MLA)", tp, 1)]
         assert row["limit_bytes_per_token"] == pytest.approx(
-            _page_weighted_limit(row, {tp: 20, 1: 7})
+            _mean_limit(row, {tp: 3, 1: 1})
         )
 
 
@@ -435,9 +477,10 @@ def test_store_traffic_is_one_page_per_copy(rows):
         tp = key[1]
         for tree in demo.LABELS:
             r = row[tree]
-            if r["layer_copies"]:
-                # Each layer's copies written once, every distinct piece of
-                # KV once, and the ranks of each layer's groups take turns.
+            if r["layer_copies"] or r["group_copies"]:
+                # Each layer's (each group's) copies written once, every
+                # distinct piece of KV once, and the ranks of each replica
+                # group take turns.
                 assert r["store_bytes_per_token"] == pytest.approx(
                     row["limit_bytes_per_token"], rel=0.01
                 ), key
@@ -495,9 +538,9 @@ def test_layer_classes_need_what_each_layer_splits_into(rows, all_rows):
                 pieces = demo.architectures.distinct_shards(kind, arch, tp, dcp)
                 assert layer_class["copies"] == pieces, (name, tp, dcp, what)
                 counted[kind] = counted.get(kind, 0) + count
-            if not series["layer_copies"]:
+            if not (series["layer_copies"] or series["group_copies"]):
                 assert series["host_copies"] >= layer_class["copies"]
-        if series["layer_copies"]:
+        if series["layer_copies"] or series["group_copies"]:
             # Each class keeps its own: between the fewest and the most.
             needs = [c["copies"] for c in series["layer_classes"]]
             assert min(needs) <= series["host_copies"] <= max(needs)
@@ -513,7 +556,7 @@ def test_layer_classes_need_what_each_layer_splits_into(rows, all_rows):
     text = io.StringIO()
     with contextlib.redirect_stdout(text):
         demo.print_summary(list(all_rows.values()))
-    classes = text.getvalue().split("keep those of every class together:\n")[1]
+    classes = text.getvalue().split("in host units that all groups share:\n")[1]
     assert [line.split(", TP ")[0].strip() for line in classes.splitlines()] == [
         a.name for a in demo.architectures.ARCHITECTURES if a.name in mixed
     ]
