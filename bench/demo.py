@@ -210,7 +210,7 @@ def print_summary(rows: list[dict]) -> None:
         )
         kept = (
             "each class keeps its own"
-            if series["layer_copies"] or series.get("group_copies")
+            if series["layer_copies"] or series["group_copies"]
             else f"{series['host_copies']} kept"
         )
         print(f"  {row['arch']}, TP {row['tp']}: {needs}; {kept}")

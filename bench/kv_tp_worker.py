@@ -414,7 +414,7 @@ def _group_copies_traffic(
     )
     mean = sum(copies) / len(copies)
     return (
-        round(mean, 2),
+        mean,
         mean * worker_bytes_per_token,
         busiest / len(copies) * worker_bytes_per_token,
     )
@@ -463,10 +463,10 @@ def measure(arch: architectures.Arch, tp: int, dcp: int) -> dict[str, Any]:
     chunks_of_tokens = spec.num_chunks
     host_bytes_per_chunk = spec.kv_bytes_per_chunk
     if group_copies:
-        copies, store, busiest = _group_copies_traffic(
+        units, store, busiest = _group_copies_traffic(
             group_copies, offloading.parallel, worker_bytes_per_token
         )
-        units = sum(len(set(groups)) for groups in group_copies) / len(group_copies)
+        copies = round(units, 2)
         chunks_of_tokens = int(spec.num_chunks / units)
         host_bytes_per_chunk = spec.kv_bytes_per_chunk * units
     elif layer_copies:
