@@ -4,6 +4,7 @@ environments (`setup`) and its downloads (`fetch`), each verified."""
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import sys
 import tempfile
@@ -47,7 +48,7 @@ class ArtifactsMixin:
                 raise WsError(f"{self.lock_file}: {key} sha256 {digest!r} is not hex")
             return Artifact(name, digest)
 
-        for key in ("version", "mypy_python"):
+        for key in ("version", "mypy_python", "ruff"):
             if key not in fields:
                 raise WsError(f"{self.lock_file}: '{key} = ...' is missing")
         if fields["version"] != self.base:
@@ -61,7 +62,9 @@ class ArtifactsMixin:
             artifact("wheel"),
             artifact("cpu_wheel") if "cpu_wheel" in fields else None,
             fields["mypy_python"],
+            fields["ruff"],
             tuple(fields.get("uninstall", "").split()),
+            tuple(fields.get("unavailable", "").split()),
         )
 
     def verify(self, path: Path, expected: str) -> None:
@@ -89,17 +92,25 @@ class ArtifactsMixin:
         reqs = self.root / "requirements" / "dev.txt"
         self._venv(
             self.venv,
-            [f"vllm=={lock.version}", "-r", reqs],
+            [f"vllm=={lock.version}", f"ruff=={lock.ruff}", "-r", reqs],
             key=lock.version + "\n" + reqs.read_text(),
             remove=list(lock.uninstall),
+            skip_deps=list(lock.unavailable),
         )
         mypy_reqs = self.base_dir / "mypy.txt"
         self._venv(self.mypy_venv, ["-r", mypy_reqs], key=mypy_reqs.read_text())
 
     def _venv(
-        self, venv: Path, install: list, key: str, remove: list[str] | None = None
+        self,
+        venv: Path,
+        install: list,
+        key: str,
+        remove: list[str] | None = None,
+        skip_deps: list[str] | None = None,
     ) -> None:
         recipe = f"{SETUP_RECIPE}\ninstall {install}\nremove {remove}\n{key}"
+        if skip_deps:
+            recipe += f"\nskip {skip_deps}"
         digest = hashlib.sha256(recipe.encode()).hexdigest()
         stamp = venv / ".ws-setup"
         if stamp.exists() and stamp.read_text() == digest:
@@ -110,10 +121,34 @@ class ArtifactsMixin:
             run([sys.executable, "-m", "venv", venv])
         pip = [python, "-m", "pip"]
         run([*pip, "install", "--upgrade", "pip"])
+        if skip_deps:
+            # pip cannot drop one pin of a package's dependencies: install the
+            # package alone, then what it requires but those.
+            run([*pip, "install", "--no-deps", install[0]])
+            install = [*self._requirements(python, install[0], skip_deps), *install[1:]]
         run([*pip, "install", *install])
         if remove:
             run([*pip, "uninstall", "-y", *remove])
         stamp.write_text(digest)
+
+    @staticmethod
+    def _requirements(python: Path, spec: str, skip: list[str]) -> list[str]:
+        """What the installed distribution of `spec` requires, without its
+        extras and without the packages named in `skip`."""
+        name = spec.split("==")[0]
+        code = (
+            "import importlib.metadata as m, json, sys; "
+            "print(json.dumps(m.requires(sys.argv[1]) or []))"
+        )
+        res = run([python, "-c", code, name], capture=True, quiet=True)
+        keep = []
+        for req in json.loads(res.stdout):
+            req_name = re.split(r"[ ;<>=!~\[(]", req, maxsplit=1)[0]
+            canon = re.sub(r"[-_.]+", "-", req_name).lower()
+            if "extra ==" in req or canon in skip:
+                continue
+            keep.append(req)
+        return keep
 
     # ----------------------------------------------------------------- fetch
     def fetch(self) -> None:

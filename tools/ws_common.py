@@ -32,8 +32,13 @@ class Lock:
     cpu_wheel: Artifact | None
     # The Python version vLLM's mypy hook checks (`tools/pre_commit/mypy.py`).
     mypy_python: str
+    # The ruff release of vLLM's ruff-pre-commit hook.
+    ruff: str
     # Packages vLLM's dependencies bring that break next to this base's torch.
     uninstall: tuple[str, ...] = ()
+    # Dependencies of vllm==V that the registry does not carry at the pinned
+    # version: vllm is installed without them (see ArtifactsMixin.setup).
+    unavailable: tuple[str, ...] = ()
 
 
 # The package of each artifact kind in base.lock, at the pinned version.
