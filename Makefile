@@ -2,7 +2,7 @@
 # idempotent; see README.md. Tools: tools/ws.py (workspace), tools/checks.sh.
 #
 # Every supported base (bases/<version>/) is handled in turn; BASE=<version>
-# limits a command to one: `make tree BASE=0.33.0`, `make export BASE=0.33.0`.
+# limits a command to one: `make tree BASE=0.34.0`, `make export BASE=0.34.0`.
 PYTHON ?= python3
 BASE ?=
 WS := $(PYTHON) tools/ws.py $(if $(BASE),--base $(BASE))

@@ -7,19 +7,19 @@ unpatched base and in the patched tree and compares).
         [--base VERSION] [--release]
 
 --base names the vLLM release the tree is (default 0.30.0): it selects the
-planning API to call and the layers the mixes may hold (0.33.0's mixes also
+planning API to call and the layers the mixes may hold (0.34.0's mixes also
 have TP-replicated Mamba state). The mixes are drawn from the seed and the
 base alone, so both trees plan the same layers.
 
 Each attention layer also draws a `max_tp_shards` declaration; a tree whose
 AttentionSpec has the field gets it. With --release, the layers declare
-only what the release's own layers declare (RELEASE_DECLARATIONS: in 0.33.0
+only what the release's own layers declare (RELEASE_DECLARATIONS: in 0.34.0
 MLAAttention declares max_tp_shards=1, GQA nothing), which is what users of
 the unpatched release get. For each mix the output holds the plan (groups
 with their layers and specs, tensors, num_blocks, every field that takes
 part in equality but the replication ones) or the error (type and message),
-plus the tree's kv_tp_replicas and kv_tp_replica_groups (None where the tree
-has none).
+plus the tree's kv_tp_replicas, kv_tp_replica_groups (the 0.30.0 series) and
+layer_tp_replica_groups (the 0.34.0 series), None where the tree has none.
 """
 
 from __future__ import annotations
@@ -42,20 +42,20 @@ KV_HEADS = (1, 2, 4, 8, 16)
 BLOCK = 16
 # What is claimed about replication, not planning: the declarations (which
 # differ between the runs by design; the series leaves max_tp_shards out of
-# equality, 0.33.0 compares it) and the replication reported, compared on
+# equality, 0.34.0 compares it) and the replication reported, compared on
 # their own.
 REPLICATION_FIELDS = ("max_tp_shards", "kv_tp_replicas", "kv_tp_replica_groups")
-BASES = ("0.30.0", "0.33.0")
+BASES = ("0.30.0", "0.34.0")
 # The max_tp_shards each release's own layers declare, by layer kind.
 RELEASE_DECLARATIONS: dict[str, dict[str, int]] = {
     "0.30.0": {},
-    "0.33.0": {"mla": 1},  # MLAAttention.get_kv_cache_spec
+    "0.34.0": {"mla": 1},  # MLAAttention.get_kv_cache_spec
 }
 
 
 def draw_mixes(seed: int, count: int, base: str = "0.30.0") -> list[dict[str, Any]]:
     """Layer mixes as plain data: shapes seen in real models, in random order
-    and with mixed, missing and inconsistent declarations. 0.33.0's mixes
+    and with mixed, missing and inconsistent declarations. 0.34.0's mixes
     also have Mamba state that every TP rank holds in full (tp_replicated);
     0.30.0's are drawn as they always were."""
     assert base in BASES, base
@@ -244,7 +244,7 @@ def plan_function(base: str):
         from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
 
         return get_kv_cache_configs
-    # 0.33.0 groups the layers of all workers first, as the engine core does.
+    # 0.34.0 groups the layers of all workers first, as the engine core does.
     from vllm.v1.core.kv_cache_planning import (
         get_global_kv_cache_groups,
         get_kv_cache_configs,

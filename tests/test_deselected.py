@@ -29,18 +29,23 @@ def test_every_entry_has_a_reason(base):
         assert len(reason.split()) >= 3, f"{node}: reason too short: {reason!r}"
 
 
-def _env(pythonpath: str | None) -> dict[str, str]:
-    env = dict(os.environ)
+def _env(workspace: ws.Workspace, pythonpath: str | None) -> dict[str, str]:
+    env = workspace.test_environ()
     if pythonpath is not None:
         env["PYTHONPATH"] = pythonpath
     return env
 
 
 def _start(
-    python: Path, tree: Path, prefixes: list[str], report: Path, pythonpath: str | None
+    workspace: ws.Workspace,
+    tree: Path,
+    prefixes: list[str],
+    report: Path,
+    pythonpath: str | None,
 ):
     """Start running, in `tree`, the test files that hold the listed tests."""
-    env = _env(pythonpath)
+    env = _env(workspace, pythonpath)
+    python = workspace.python
     origin = subprocess.run(
         [python, "-c", "import vllm; print(vllm.__file__)"],
         cwd=tree, env=env, capture_output=True, text=True, check=True,
@@ -83,9 +88,8 @@ def runs(tmp_path_factory):
             tmp = tmp_path_factory.mktemp(f"deselected-{version}")
             prefixes = [node for node, _ in deselected.entries(version)]
             procs = [
-                _start(workspace.python, workspace.tree, prefixes,
-                       tmp / "patched.xml", None),
-                _start(workspace.python, base, prefixes, tmp / "base.xml", str(base)),
+                _start(workspace, workspace.tree, prefixes, tmp / "patched.xml", None),
+                _start(workspace, base, prefixes, tmp / "base.xml", str(base)),
             ]  # fmt: skip
             for proc in procs:
                 proc.wait()

@@ -1,13 +1,14 @@
 """The series changes what is claimed about replication, nothing else: random
 KV cache layer mixes plan exactly as in the unpatched base (the same groups,
 layers, specs, tensors and num_blocks, or the same error), whatever the
-layers declare, and the series' kv_tp_replicas and kv_tp_replica_groups
-(and in 0.33.0 each layer's own layer_tp_replica_groups) are what each
-layer's own declaration proves.
+layers declare, and the series' replication claims are what each layer's own
+declaration proves: kv_tp_replicas, and the replica plan (0.30.0: the
+whole model's kv_tp_replica_groups; 0.34.0: every layer's
+layer_tp_replica_groups).
 
 For each base: the unpatched release plans the layers as its users get them
 today (declaring only what the release's own layers declare: nothing in
-0.30.0, max_tp_shards=1 on MLA in 0.33.0), the series plans them with
+0.30.0, max_tp_shards=1 on MLA in 0.34.0), the series plans them with
 random declarations (mixed, missing, inconsistent, uneven)."""
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import ws
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "planning_worker.py"
 # Per base, to keep the runtime of both within a few minutes on two cores.
-NUM_MIXES = {"0.30.0": 1000, "0.33.0": 600}
+NUM_MIXES = {"0.30.0": 1000, "0.34.0": 600}
 
 sys.path.insert(0, str(WORKER.parent))
 import planning_worker  # noqa: E402
@@ -34,7 +35,7 @@ import planning_worker  # noqa: E402
 def _plan(
     workspace: ws.Workspace, tree: Path, out: Path, release: bool
 ) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+    env = {**workspace.test_environ(), "PYTHONPATH": str(tree)}
     base = workspace.base
     args = [str(out), str(NUM_MIXES[base]), str(planning_worker.SEED)]
     args += ["--base", base] + (["--release"] if release else [])
@@ -67,7 +68,7 @@ def _expected_replicas(mix: dict) -> int:
 
 def _release_replicas(base: str, mix: dict) -> int | None:
     """The unpatched release's own kv_tp_replicas for its declarations (see
-    planning_worker.RELEASE_DECLARATIONS): 0.30.0 has none; 0.33.0 counts
+    planning_worker.RELEASE_DECLARATIONS): 0.30.0 has none; 0.34.0 counts
     MLA (max_tp_shards=1: tp replicas, 1 under DCP) and nothing else (not
     even tp_replicated Mamba state)."""
     if base == "0.30.0":
@@ -79,13 +80,15 @@ def _release_replicas(base: str, mix: dict) -> int | None:
     return replicas or 1
 
 
-def _expected_groups(mix: dict, layers: list[dict] | None = None) -> list[int]:
+def _expected_groups(
+    mix: dict, layers: list[dict] | None = None, claimed_only: bool = True
+) -> list[int]:
     """The replica groups from what each rank holds of each of ``layers``
     (default: the mix's): a declared attention layer whose shards divide TP,
     its head shard and, under DCP, its DCP rank (tp_rank % dcp); a Mamba
     state every rank holds in full (tp_replicated), the same on every rank;
-    anything else, something of its own. Empty when no two ranks hold the
-    same."""
+    anything else, something of its own. With ``claimed_only`` (the 0.30.0
+    series' field), empty when no two ranks hold the same."""
     tp, dcp = mix["tp"], mix["dcp"]
     held: list[list] = [[] for _ in range(tp)]
     for layer in mix["layers"] if layers is None else layers:
@@ -99,15 +102,15 @@ def _expected_groups(mix: dict, layers: list[dict] | None = None) -> list[int]:
                 held[rank].append(("own", rank))
     ids: dict[tuple, int] = {}
     groups = [ids.setdefault(tuple(h), len(ids)) for h in held]
-    return [] if len(ids) == tp else groups
+    return [] if claimed_only and len(ids) == tp else groups
 
 
 def _expected_layer_groups(mix: dict) -> dict[str, list[int]]:
-    """Each layer's own replica groups, where some ranks share one."""
-    per_layer = {
-        layer["name"]: _expected_groups(mix, [layer]) for layer in mix["layers"]
+    """Each layer's own replica groups (the 0.34.0 series' plan)."""
+    return {
+        layer["name"]: _expected_groups(mix, [layer], claimed_only=False)
+        for layer in mix["layers"]
     }
-    return {name: groups for name, groups in per_layer.items() if groups}
 
 
 @pytest.mark.parametrize("base", sorted(NUM_MIXES))
@@ -143,8 +146,9 @@ def test_random_layer_mixes_plan_as_in_the_base(tmp_path, base):
         assert b["layer_tp_replica_groups"] is None, "nor per-layer groups"
         if "plan" in s:
             assert s["kv_tp_replicas"] == _expected_replicas(mix), f"mix {i}: {mix}"
-            assert s["kv_tp_replica_groups"] == _expected_groups(mix), f"mix {i}"
-            if base != "0.30.0":  # 0.30.0 takes fixes only
+            if base == "0.30.0":  # 0.30.0 takes fixes only
+                assert s["kv_tp_replica_groups"] == _expected_groups(mix), f"mix {i}"
+            else:
                 assert s["layer_tp_replica_groups"] == _expected_layer_groups(mix), (
                     f"mix {i}: {mix}"
                 )
@@ -154,12 +158,26 @@ def test_random_layer_mixes_plan_as_in_the_base(tmp_path, base):
     planned = [s for s in series if "plan" in s]
     assert len(planned) > 0.8 * num_mixes
     assert sum(s["kv_tp_replicas"] > 1 for s in planned) > 0.05 * num_mixes
-    # ... and some with replica groups that are not runs (DCP).
-    assert any(s["kv_tp_replica_groups"] and s["kv_tp_replicas"] == 1 for s in planned)
-    if base != "0.30.0":
-        # ... and layer classes that share more than the whole model does.
+
+    def shared(groups) -> bool:
+        return len(set(groups)) < len(groups)
+
+    if base == "0.30.0":
+        # ... and some with replica groups that are not runs (DCP).
         assert any(
-            s["layer_tp_replica_groups"] and not s["kv_tp_replica_groups"]
+            s["kv_tp_replica_groups"] and s["kv_tp_replicas"] == 1 for s in planned
+        )
+    else:
+        # ... and some layers with replica groups that are not runs (DCP),
+        # and layer classes that share more than the whole model does.
+        assert any(
+            mix["dcp"] > 1 and any(map(shared, s["layer_tp_replica_groups"].values()))
+            for mix, s in zip(mixes, series)
+            if "plan" in s
+        )
+        assert any(
+            s["kv_tp_replicas"] == 1
+            and any(map(shared, s["layer_tp_replica_groups"].values()))
             for s in planned
         )
     assert any("error" in s for s in series)

@@ -28,7 +28,7 @@ def test_running_a_vllm_test_by_hand():
     # Needs the CPU platform, hub offline mode and the offline hub cache
     # (ModelConfig's default model), after `make install` alone.
     command = (
-        "source tools/testenv.sh && cd build/vllm-0.33.0 && "
+        "source tools/testenv.sh && cd build/vllm-0.34.0 && "
         "pytest tests/v1/core/test_kv_cache_planning.py"
     )
     assert command in README

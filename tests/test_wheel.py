@@ -53,8 +53,9 @@ def _purelib(python: Path) -> str:
     ).stdout.strip()
 
 
-def _in(python: Path, code: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+def _in(python: Path, code: str, workspace: ws.Workspace | None = None) -> dict:
+    environ = os.environ if workspace is None else workspace.test_environ()
+    env = {k: v for k, v in environ.items() if k != "PYTHONPATH"}
     out = subprocess.run(
         [python, "-c", code], check=True, capture_output=True, text=True, env=env
     ).stdout
@@ -72,6 +73,7 @@ def test_version_label_names_the_series(installed):
         "import importlib.metadata as m, json, vllm; print(json.dumps("
         "{'version': vllm.__version__, 'dist': m.version('vllm'),"
         " 'file': vllm.__file__}))",
+        workspace,
     )
     assert found["version"] == found["dist"] == label
     assert Path(found["file"]).parent == Path(_purelib(python)) / "vllm"
@@ -105,7 +107,8 @@ def test_planning_in_the_wheel_is_the_series_planning(installed, tmp_path):
         ("tree", workspace.python, str(workspace.tree)),
     ):
         out = tmp_path / f"{where}.json"
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        environ = workspace.test_environ()
+        env = {k: v for k, v in environ.items() if k != "PYTHONPATH"}
         if path:
             env["PYTHONPATH"] = path
         subprocess.run(

@@ -92,6 +92,7 @@ def workspace(tmp_path: Path, monkeypatch) -> ws.Workspace:
         f"wheel = {wheel.name} {make_wheel(wheel, CUDA_EXTENSIONS)}\n"
         f"cpu_wheel = {cpu_wheel.name} {make_wheel(cpu_wheel, CPU_EXTENSIONS)}\n"
         "mypy_python = 3.11\n"
+        "ruff = 0.17.2\n"
     )
     (root / "patches" / "9.9.9").mkdir(parents=True)
     return ws.Workspace(root)
@@ -299,9 +300,72 @@ def test_touched_files(workspace):
 def test_lock_rejects_bad_hash(workspace):
     workspace.lock_file.write_text(
         "version = 9.9.9\nsdist = a.tar.gz xyz\nwheel = b.whl 00\nmypy_python = 3.11\n"
+        "ruff = 0.17.2\n"
     )
     with pytest.raises(ws.WsError, match="not hex"):
         workspace.lock()
+
+
+def test_lock_keys_of_what_a_base_needs(workspace):
+    lock = workspace.lock()
+    assert (lock.ruff, lock.unavailable, lock.test_env) == ("0.17.2", (), ())
+    with open(workspace.lock_file, "a") as f:
+        f.write("unavailable = flashinfer-python\ntest_env = A_B= C=1\n")
+    lock = workspace.lock()
+    assert lock.unavailable == ("flashinfer-python",)
+    assert lock.test_env == (("A_B", ""), ("C", "1"))
+    with open(workspace.lock_file, "a") as f:
+        f.write("test_env = lower=1\n")
+    with pytest.raises(ws.WsError, match="test_env takes NAME=value items"):
+        workspace.lock()
+
+
+def test_test_environ_sets_this_bases_variables_and_drops_the_others(
+    workspace, monkeypatch
+):
+    """A base's processes get what its base.lock's test_env sets, and not
+    what only another base's sets."""
+    other = workspace.root / "bases" / "9.9.8"
+    other.mkdir()
+    text = workspace.lock_file.read_text().replace("9.9.9", "9.9.8")
+    (other / "base.lock").write_text(text + "test_env = ONLY_OTHER=x SHARED=o\n")
+    with open(workspace.lock_file, "a") as f:
+        f.write("test_env = SHARED=s\n")
+    monkeypatch.setenv("ONLY_OTHER", "set by the shell")
+    monkeypatch.setenv("KEPT", "1")
+    environ = workspace.test_environ()
+    assert environ["SHARED"] == "s" and environ["KEPT"] == "1"
+    assert "ONLY_OTHER" not in environ
+    other_environ = ws.Workspace(workspace.root, "9.9.8").test_environ()
+    assert other_environ["ONLY_OTHER"] == "x" and other_environ["SHARED"] == "o"
+
+
+def test_setup_leaves_out_unavailable_dependencies(workspace, monkeypatch):
+    """A dependency the registry lacks at its pin: vllm is installed alone,
+    then everything it requires but that (and its extras)."""
+    calls = []
+    monkeypatch.setattr(
+        "ws_artifacts.run",
+        lambda cmd, **kwargs: calls.append([str(c) for c in cmd])
+        or subprocess.CompletedProcess(cmd, 0, "", ""),
+    )
+    monkeypatch.setattr(
+        ws.Workspace,
+        "_requirements",
+        staticmethod(lambda python, spec, skip: ["torch==2.14.0", "numpy"]),
+    )
+    with open(workspace.lock_file, "a") as f:
+        f.write("unavailable = flashinfer-python\n")
+    (workspace.root / "requirements").mkdir()
+    (workspace.root / "requirements" / "dev.txt").write_text("pytest\n")
+    (workspace.base_dir / "mypy.txt").write_text("mypy\n")
+    workspace.venv.mkdir()
+    workspace.mypy_venv.mkdir()
+    workspace.setup()
+    installs = [c[3:] for c in calls if c[1:4] == ["-m", "pip", "install"]]
+    assert ["install", "--no-deps", "vllm==9.9.9"] in installs
+    full = next(c for c in installs if "numpy" in c)
+    assert "vllm==9.9.9" not in full and "torch==2.14.0" in full
 
 
 def test_lock_must_name_its_own_base(workspace):
@@ -312,7 +376,7 @@ def test_lock_must_name_its_own_base(workspace):
 
 
 def without_cpu_wheel(workspace) -> None:
-    """The base becomes a release without a CPU build (like vLLM 0.33.0)."""
+    """The base becomes a release without a CPU build (like vLLM 0.34.0)."""
     text = workspace.lock_file.read_text()
     workspace.lock_file.write_text(
         "".join(line for line in text.splitlines(True) if "cpu_wheel" not in line)

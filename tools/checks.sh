@@ -53,7 +53,8 @@ stage_upstream_tests() {  # base
   logs=$(mktemp -d)
   while read -r g paths; do
     read -ra suites <<<"$paths"
-    (cd "$tree" && "$py" -m pytest -p no:cacheprovider -q -rfE --timeout=900 \
+    (cd "$tree" && eval "$(python3 "$ROOT/tools/ws.py" --base "$base" test-env)" &&
+       "$py" -m pytest -p no:cacheprovider -q -rfE --timeout=900 \
        "${deselect[@]}" "${suites[@]}") >"$logs/$g.log" 2>&1 &
     pids+=("$!")
   done <<<"$groups"

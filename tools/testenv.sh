@@ -2,7 +2,7 @@
 # a GPU or hub access, with base $BASE's .venv-$BASE first on PATH (default:
 # the newest base of bases/). Sourced by tools/checks.sh and `make demo`;
 # source it yourself from the repository root to run pytest by hand:
-#   BASE=0.33.0; . tools/testenv.sh && cd build/vllm-0.33.0 && python -m pytest tests/v1/core/...
+#   BASE=0.34.0; . tools/testenv.sh && cd build/vllm-0.34.0 && python -m pytest tests/v1/core/...
 # Plain POSIX sh: make runs recipes with /bin/sh, which is dash on Debian.
 # bash knows the path of a sourced file; other shells find it from the current
 # folder, which must then be the repository root.
@@ -32,6 +32,9 @@ export HF_HUB_OFFLINE=1
 export TRANSFORMERS_OFFLINE=1
 export HF_HOME="$_ws_root/.cache/hf"
 export PATH="$_ws_venv/bin:$PATH"
+# What this base's vLLM needs on this machine kind (base.lock's test_env),
+# without what only other bases need.
+eval "$(python3 "$_ws_root/tools/ws.py" --base "$_ws_base" test-env)"
 if ! "$_ws_venv/bin/python" "$_ws_root/tools/hf_cache.py" >/dev/null; then
   echo "tools/testenv.sh: tools/hf_cache.py failed to generate $HF_HOME" >&2
   unset _ws_root _ws_base _ws_venv

@@ -22,6 +22,7 @@ every base in turn. One obvious path, each step idempotent:
     check-each     each patch passes its own lint and tests (bisectable)
     base-tree      build/vllm-V-base: the unpatched release, for comparisons
     suites         vLLM's own suites the checks run (upstream-suites.txt), by group
+    test-env       shell commands setting the environment the base's vLLM runs in
 
 Only the standard library is used, so this runs before any .venv exists.
 
@@ -34,6 +35,8 @@ file holds the Workspace they make up and the command line.
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -107,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             "check-each",
             "lint",
             "suites",
+            "test-env",
         ],
     )
     parser.add_argument(
@@ -175,6 +179,14 @@ def run_command(ws: Workspace, args: argparse.Namespace) -> None:
     elif args.command == "suites":
         for group, paths in sorted(ws.suite_groups().items()):
             print(group, *paths)
+    elif args.command == "test-env":
+        # Shell commands that give the environment this base's vLLM runs in.
+        environ = ws.test_environ()
+        for name in sorted(set(os.environ) - set(environ)):
+            print(f"unset {name}")
+        for name, value in sorted(environ.items()):
+            if os.environ.get(name) != value:
+                print(f"export {name}={shlex.quote(value)}")
 
 
 if __name__ == "__main__":

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from ws_common import (
@@ -15,11 +17,19 @@ from ws_common import (
     Artifact,
     Lock,
     WsError,
+    bases,
     run,
     sha256_of,
 )
 
 SETUP_RECIPE = "v2"
+
+
+def _assignment(item: str, lock_file: Path) -> tuple[str, str]:
+    name, sep, value = item.partition("=")
+    if not sep or not re.fullmatch(r"[A-Z_][A-Z0-9_]*", name):
+        raise WsError(f"{lock_file}: test_env takes NAME=value items, not {item!r}")
+    return name, value
 
 
 class ArtifactsMixin:
@@ -65,7 +75,19 @@ class ArtifactsMixin:
             fields["ruff"],
             tuple(fields.get("uninstall", "").split()),
             tuple(fields.get("unavailable", "").split()),
+            tuple(_assignment(item, self.lock_file) for item in fields.get("test_env", "").split()),
         )
+
+    def test_environ(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+        """``environ`` (default: this process's) for running this base's vLLM:
+        with the variables its base.lock's ``test_env`` sets, and without
+        those that only other bases set (their values may break this one)."""
+        env = dict(os.environ if environ is None else environ)
+        for base in bases(self.root):
+            for name, _ in type(self)(self.root, base).lock().test_env:
+                env.pop(name, None)
+        env.update(self.lock().test_env)
+        return env
 
     def verify(self, path: Path, expected: str) -> None:
         actual = sha256_of(path)

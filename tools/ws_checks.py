@@ -148,7 +148,7 @@ class ChecksMixin:
         """Link into `tree` what the installed tree holds under vllm/ but
         git does not track: the compiled extensions (the same set, CPU or CUDA,
         as `make install` put there), and the sdist's sources that vLLM's
-        .gitignore keeps out of the pristine commit (0.33.0's
+        .gitignore keeps out of the pristine commit (0.34.0's
         `vllm/model_executor/kernels/linear/mxfp4/rdna3_hip.py`, which
         `*_hip*` matches, is imported by every quantized layer). A worktree
         of the tree lacks them; an extracted snapshot has the sources."""
@@ -184,7 +184,8 @@ class ChecksMixin:
             steps.append([self.python, "-m", "pytest", "-p", "no:cacheprovider",
                           "-p", PYTEST_PLUGIN.stem, "-q", *tests])  # fmt: skip
         pythonpath = f"{tree}:{PYTEST_PLUGIN.parent}"
-        return self._run_steps(steps, tree, {"PYTHONPATH": pythonpath})
+        env = {**self.test_environ(), "PYTHONPATH": pythonpath}
+        return self._run_steps(steps, tree, env)
 
     def lint(self) -> None:
         """vLLM's lint on the Python files the series touches, in the tree."""
@@ -215,7 +216,7 @@ class ChecksMixin:
     def _run_steps(self, steps: list[list], cwd: Path, env: dict[str, str]) -> bool:
         """Run each step; print the whole output of a failing one, else its tail."""
         # tools/pre_commit/mypy.py calls `mypy` from PATH.
-        env = {**env, "PATH": f"{self.mypy_venv / 'bin'}:{os.environ.get('PATH', '')}"}
+        env = {**env, "PATH": f"{self.mypy_venv / 'bin'}:{env.get('PATH', os.environ.get('PATH', ''))}"}
         ok = True
         for cmd in steps:
             start = time.monotonic()

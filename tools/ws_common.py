@@ -39,6 +39,9 @@ class Lock:
     # Dependencies of vllm==V that the registry does not carry at the pinned
     # version: vllm is installed without them (see ArtifactsMixin.setup).
     unavailable: tuple[str, ...] = ()
+    # Environment variables this base's vLLM needs on this machine kind
+    # (Workspace.test_environ).
+    test_env: tuple[tuple[str, str], ...] = ()
 
 
 # The package of each artifact kind in base.lock, at the pinned version.
