@@ -4,7 +4,10 @@ that the series causes.
 
 Runs the listed tests for real in both trees (build/vllm-V and the pristine
 build/vllm-V-base), with V's environment, and compares, test by test, the
-outcome and the failure message that pytest records.
+outcome and the exception that pytest records. The exception's type is
+compared, not its text: torch words one failure in two ways from run to run
+(bases/0.34.0/deselected.txt says when), and the type already tells a test
+that fails for the listed reason from one that fails on an assertion.
 """
 
 from __future__ import annotations
@@ -59,8 +62,13 @@ def _start(
     )  # fmt: skip
 
 
+def _exception_type(message: str | None) -> str | None:
+    """The exception's type from pytest's failure message ("Type: text")."""
+    return None if message is None else message.split(":", 1)[0].strip()
+
+
 def _results(report: Path) -> dict[str, tuple[str, str | None]]:
-    """{node id: (outcome, failure message)} from a junit report."""
+    """{node id: (outcome, exception type)} from a junit report."""
     results = {}
     for case in ET.parse(report).iter("testcase"):
         module = case.get("classname", "").replace(".", "/")
@@ -69,7 +77,7 @@ def _results(report: Path) -> dict[str, tuple[str, str | None]]:
             failure = case.find("error")
         results[f"{module}.py::{case.get('name')}"] = (
             "passed" if failure is None else failure.tag,
-            None if failure is None else failure.get("message"),
+            None if failure is None else _exception_type(failure.get("message")),
         )
     return results
 
@@ -106,9 +114,10 @@ def test_deselected_test_fails_the_same_on_the_base(version, prefix, runs):
     assert nodes, f"{prefix} matches no test"
     assert nodes == sorted(n for n in base if n.startswith(prefix))
     for node in nodes:
-        outcome, message = patched[node]
+        outcome, exception = patched[node]
         assert outcome == "failure", f"{node} does not fail on the patched tree"
-        assert base[node] == (outcome, message), (
+        assert exception is not None and exception != "AssertionError", node
+        assert base[node] == (outcome, exception), (
             f"{node} fails differently on the base: {base[node]} "
-            f"vs {(outcome, message)} with the series"
+            f"vs {(outcome, exception)} with the series"
         )
