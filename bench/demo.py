@@ -5,13 +5,20 @@ For each architecture of bench/architectures.py at TP 1, 2, 4, 8, 16 and DCP
 base's environment: vLLM 0.30.0 as released (build/vllm-0.30.0-base), 0.30.0
 with the seed patches alone (build/vllm-0.30.0-seed: max_tp_shards,
 kv_tp_replicas and the single-copy offloading layout), 0.30.0 with its whole
-series (build/vllm-0.30.0), vLLM 0.33.0 as released (build/vllm-0.33.0-base:
-upstream's own version of the seed) and 0.33.0 with its series
-(build/vllm-0.33.0). It prints side by side what each tree's own code
-decides: kv_tp_replicas, the host bytes the offloading connector reserves
-per offloaded token, and how many tokens fit in 1 GiB of
-`cpu_bytes_to_use`, next to the physical limit: every distinct piece of KV
-stored once.
+series (build/vllm-0.30.0), vLLM 0.34.0 as released (build/vllm-0.34.0-base:
+upstream's own version of the seed) and 0.34.0 with its series
+(build/vllm-0.34.0: one host layout of each layer's copies per replica
+group). It prints side by side what each tree's own code decides:
+kv_tp_replicas, the host bytes the offloading connector reserves per
+offloaded token, and how many tokens fit in 1 GiB of `cpu_bytes_to_use`,
+next to the physical limit: every distinct piece of KV stored once; and, for
+comparison, the 0.33.0 series as its last demo measured it
+(bench/results/0.33.0-series.json).
+
+One accounting for every tree: a chunk of tokens is a chunk of EVERY
+offloaded KV cache group, and its host bytes are what the spec reserves for
+all of them (a row per group's chunk in the releases, the seed and the 0.30.0
+series; the host units of each group's chunk with the 0.34.0 series).
 
     python bench/demo.py [--json]     (make demo sets everything up first)
 """
@@ -20,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -43,10 +49,16 @@ TREES = (
     ("0.30.0", "0.30.0", "release"),
     ("0.30.0+seed", "0.30.0", "seed"),
     ("0.30.0+series", "0.30.0", "series"),
-    ("0.33.0", "0.33.0", "release"),
-    ("0.33.0+series", "0.33.0", "series"),
+    ("0.34.0", "0.34.0", "release"),
+    ("0.34.0+series", "0.34.0", "series"),
 )
 LABELS = tuple(label for label, _, _ in TREES)
+# The current base: its release and its series lead the summary.
+RELEASE, SERIES = "0.34.0", "0.34.0+series"
+# The previous base's series, as its last demo measured it (the base is
+# dropped; git history keeps it).
+RECORDED = "0.33.0+series"
+RECORDED_FILE = ROOT / "bench" / "results" / "0.33.0-series.json"
 
 
 def tree_of(workspace: ws.Workspace, which: str) -> Path:
@@ -68,13 +80,15 @@ def run_workers(filters: list[str] | None = None) -> dict[str, dict]:
     and --tp arguments (the rows to measure; default: all)."""
     workspaces = {base: ws.Workspace(ROOT, base) for _, base, _ in TREES}
     trees = {
-        label: (workspaces[base].python, tree_of(workspaces[base], which))
+        label: (workspaces[base], tree_of(workspaces[base], which))
         for label, base, which in TREES
     }
     procs = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, (python, tree) in trees.items():
-            env = {**os.environ, "PYTHONPATH": str(tree)}
+        for name, (workspace, tree) in trees.items():
+            # The base's own environment (its base.lock's test_env).
+            env = {**workspace.test_environ(), "PYTHONPATH": str(tree)}
+            python = workspace.python
             out = Path(tmp) / f"{name}.json"
             log = open(Path(tmp) / f"{name}.log", "w")
             procs[name] = (
@@ -106,27 +120,64 @@ def run_workers(filters: list[str] | None = None) -> dict[str, dict]:
     return results
 
 
+def recorded_033() -> dict[tuple[str, int, int], dict]:
+    """The 0.33.0 series' rows as its last demo measured them, by (arch, TP,
+    DCP)."""
+    rows = json.loads(RECORDED_FILE.read_text())["rows"]
+    return {(r["arch"], r["tp"], r["dcp"]): r for r in rows}
+
+
+def _recorded_row(recorded: dict | None, trees: dict[str, dict]) -> dict:
+    """The 0.33.0 series' row in this demo's accounting. Its demo counted a
+    chunk of tokens as one chunk of an average KV cache group; a chunk of
+    every group is as many of those as the model offloads groups: the same
+    number in 0.30.0 and 0.34.0, and in 0.33.0, whose rows record a rank's
+    block of one group as one of them has it."""
+    if recorded is None:
+        raise SystemExit(f"{RECORDED_FILE.relative_to(ROOT)} has no row for this case")
+    if "unsupported" in recorded:
+        return {"unsupported": recorded["unsupported"]}
+    # (Every tree supports what the 0.33.0 series did.)
+    groups = {trees[t].get("offloaded_groups") for t in LABELS}
+    assert len(groups) == 1 and None not in groups, groups
+    (groups,) = groups
+    blocks = {trees[t]["worker_bytes_per_token"] for t in LABELS}
+    assert recorded["worker_bytes_per_token"] in blocks, (recorded, blocks)
+    return {
+        "host_bytes_per_token": recorded["host_bytes_per_token"] * groups,
+        "recorded_host_bytes_per_token": recorded["host_bytes_per_token"],
+        "offloaded_groups": groups,
+    }
+
+
 def merge(results: dict[str, dict]) -> list[dict]:
+    recorded = recorded_033()
     rows = []
     for per_tree in zip(*(results[t]["rows"] for t in LABELS), strict=True):
         keys = {(r["arch"], r["tp"], r["dcp"]) for r in per_tree}
         assert len(keys) == 1, keys  # every tree measures the same cases
         arch, tp, dcp = keys.pop()
-        # The limit is the model's: every tree must find the same one.
-        limits = {r.get("limit_bytes_per_token") for r in per_tree}
-        assert len(limits) == 1, (arch, tp, dcp, limits)
+        trees = {
+            tree: {k: v for k, v in r.items() if k not in ("arch", "tp", "dcp")}
+            for tree, r in zip(LABELS, per_tree, strict=True)
+        }
+        # The limit is the model's, in the blocks its base picks: every tree
+        # of one base must find the same one (the hybrids' state blocks span
+        # other token counts in 0.30.0 than in 0.34.0).
+        for base in {b for _, b, _ in TREES}:
+            limits = {
+                trees[t].get("limit_bytes_per_token") for t, b, _ in TREES if b == base
+            }
+            assert len(limits) == 1, (arch, tp, dcp, base, limits)
         row = {
             "arch": arch,
             "tp": tp,
             "dcp": dcp,
-            "limit_bytes_per_token": limits.pop(),
+            # The current base's limit.
+            "limit_bytes_per_token": trees[SERIES].get("limit_bytes_per_token"),
+            **trees,
         }
-        for tree, r in zip(LABELS, per_tree):
-            row[tree] = {
-                k: v
-                for k, v in r.items()
-                if k not in ("arch", "tp", "dcp", "limit_bytes_per_token")
-            }
+        row[RECORDED] = _recorded_row(recorded.get((arch, tp, dcp)), trees)
         rows.append(row)
     return rows
 
@@ -136,7 +187,7 @@ def _kib(n: float) -> str:
 
 
 def _ok(row: dict) -> bool:
-    return not any("unsupported" in row[t] for t in LABELS)
+    return not any("unsupported" in row[t] for t in (*LABELS, RECORDED))
 
 
 def summary_rows(rows: list[dict]) -> list[dict]:
@@ -151,69 +202,81 @@ def _tokens(n: float) -> str:
 
 def print_summary(rows: list[dict]) -> None:
     """What each model gains at its usual TP size: offloaded tokens that fit
-    in 1 GiB of cpu_bytes_to_use, vLLM 0.33.0 against 0.33.0 with the series
-    and the physical limit."""
+    in 1 GiB of cpu_bytes_to_use, vLLM 0.34.0 against 0.34.0 with the series
+    and the physical limit, and the series against the 0.33.0 series."""
     print(
         "Offloaded tokens per GiB of host memory (cpu_bytes_to_use), at each "
         "model's usual TP size:\n"
     )
     width = max(len(a.name) for a in architectures.ARCHITECTURES)
     head = (
-        f"{'model':<{width}} {'TP':>3} | {'0.33.0':>8} {'canonical':>9} "
-        f"{'series':>8} {'limit':>8} | {'gain':>6} {'of limit':>8}"
+        f"{'model':<{width}} {'TP':>3} | {'0.34.0':>8} {'canonical':>9} "
+        f"{'series':>8} {'limit':>8} | {'gain':>6} {'of limit':>8} | "
+        f"{'vs 0.33.0 series':>16}"
     )
     print(head)
     print("-" * len(head))
     for row in summary_rows(rows):
         if not _ok(row):
             continue
-        release, series = row["0.33.0"], row["0.33.0+series"]
+        release, series = row[RELEASE], row[SERIES]
         canonical = release["canonical"]["worker"]["tokens_per_gib"]
         limit = GiB / row["limit_bytes_per_token"]
+        previous = row[RECORDED]["host_bytes_per_token"]
         print(
             f"{row['arch']:<{width}} {row['tp']:>3} | "
             f"{_tokens(release['tokens_per_gib']):>8} {_tokens(canonical):>9} "
             f"{_tokens(series['tokens_per_gib']):>8} {_tokens(limit):>8} | "
-            f"{series['tokens_per_gib'] / release['tokens_per_gib']:>5.1f}x "
-            f"{series['tokens_per_gib'] / limit:>7.0%}"
+            f"{release['host_bytes_per_token'] / series['host_bytes_per_token']:>5.2f}x "
+            f"{row['limit_bytes_per_token'] / series['host_bytes_per_token']:>7.0%} | "
+            f"{previous / series['host_bytes_per_token']:>15.2f}x"
         )
     print(
-        "\n0.33.0: vLLM 0.33.0 as released (CPUOffloadingSpec); canonical: its "
+        "\n0.34.0: vLLM 0.34.0 as released (CPUOffloadingSpec); canonical: its "
         "canonical layout\n(TieringOffloadingSpec, canonical_layout), upstream's "
-        "strongest configuration; series: 0.33.0\nwith this project's series; "
+        "strongest configuration; series: 0.34.0\nwith this project's series; "
         "limit: every distinct piece of KV stored once; gain: series over\n"
-        "0.33.0; of limit: how close the series gets. Every model at every TP "
-        "and DCP size follows."
+        "0.34.0; of limit: how close the series gets (both ratios of host bytes "
+        "per token: the\ntoken columns count the whole chunks that fit in 1 GiB, "
+        "and a chunk of a hybrid's Mamba state\ntakes over 100 MiB); vs 0.33.0 "
+        "series: the "
+        "0.33.0 series' host bytes\nper token (bench/results/0.33.0-series.json, "
+        "its last demo) over the 0.34.0 series'. A chunk of\ntokens is a chunk "
+        "of every offloaded KV cache group, in every column (earlier demos "
+        "counted\none group's chunk, which overstated models with several "
+        "groups: DeepSeek-V4-like, the hybrids).\nEvery model at every TP and "
+        "DCP size follows."
     )
     mixed = [
         row
         for row in summary_rows(rows)
-        if _ok(row) and len(row["0.33.0+series"]["layer_classes"] or ()) > 1
+        if _ok(row) and len(row[SERIES]["layer_classes"] or ()) > 1
     ]
     if not mixed:
         return
     print(
         "\nWhere a model's layer classes need different host copy counts, the "
-        "copies each needs (the\nseries plans each layer's replica groups, and "
-        "the engine names them at start-up). Classes\nin one KV cache group "
-        "(a target and its draft, MLA beside GQA) keep their own copies in\n"
-        "every chunk; the KV cache groups of a hybrid keep theirs in host units "
-        "that all groups share:"
+        "copies each keeps with the\nseries (its host layout holds one copy of "
+        "each layer per replica group of the layer's plan,\nwhich the engine "
+        "names at start-up), and, for models with several KV cache groups, "
+        "the host\nunits a chunk of every group takes:"
     )
     for row in mixed:
-        series = row["0.33.0+series"]
+        series = row[SERIES]
         needs = ", ".join(
             f"{c['copies']} for "
             + " + ".join(f"{n} {what}" for what, n in c["layers"].items())
             + f" layer{'s' if sum(c['layers'].values()) > 1 else ''}"
             for c in series["layer_classes"]
         )
-        kept = (
-            "each class keeps its own"
-            if series["layer_copies"] or series["group_copies"]
-            else f"{series['host_copies']} kept"
-        )
-        print(f"  {row['arch']}, TP {row['tp']}: {needs}; {kept}")
+        layout = series["host_layout"]
+        units = ""
+        if len(layout["group_units"]) > 1:
+            units = (
+                f"; {sum(layout['group_units'])} units of "
+                f"{layout['unit_bytes'] / 2**20:.2f} MiB"
+            )
+        print(f"  {row['arch']}, TP {row['tp']}: {needs}{units}")
 
 
 def plot_summary(rows: list[dict], path: Path) -> None:
@@ -226,11 +289,11 @@ def plot_summary(rows: list[dict], path: Path) -> None:
     lines = [r for r in summary_rows(rows) if _ok(r)]
     names = [f"{r['arch']}, TP {r['tp']}" for r in lines]
     series = {
-        "vLLM 0.33.0": [r["0.33.0"]["tokens_per_gib"] for r in lines],
-        "0.33.0 canonical layout": [
-            r["0.33.0"]["canonical"]["worker"]["tokens_per_gib"] for r in lines
+        "vLLM 0.34.0": [r[RELEASE]["tokens_per_gib"] for r in lines],
+        "0.34.0 canonical layout": [
+            r[RELEASE]["canonical"]["worker"]["tokens_per_gib"] for r in lines
         ],
-        "0.33.0 + series": [r["0.33.0+series"]["tokens_per_gib"] for r in lines],
+        "0.34.0 + series": [r[SERIES]["tokens_per_gib"] for r in lines],
         "limit (distinct KV once)": [GiB / r["limit_bytes_per_token"] for r in lines],
     }
     fig, ax = plt.subplots(figsize=(10, 0.55 * len(lines) + 1.5))
@@ -239,11 +302,14 @@ def plot_summary(rows: list[dict], path: Path) -> None:
         ys = [y + (i - (len(series) - 1) / 2) * height for y in range(len(lines))]
         ax.barh(ys, values, height, label=label)
     ax.set_xscale("log")
-    ax.set_xlabel("offloaded tokens that fit in 1 GiB of host memory")
+    ax.set_xlabel(
+        "offloaded tokens that fit in 1 GiB of host memory\n"
+        "(a chunk of tokens: a chunk of every offloaded KV cache group)"
+    )
     ax.set_yticks(range(len(lines)), names, fontsize=8)
     ax.invert_yaxis()
     ax.set_title("KV offloading, at each model's usual TP size", fontsize=10)
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.07), ncol=2)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2)
     fig.tight_layout()
     # The numbers drawn, so that a chart can be checked against the demo's.
     numbers = {
@@ -253,6 +319,7 @@ def plot_summary(rows: list[dict], path: Path) -> None:
     fig.savefig(
         path,
         dpi=110,
+        bbox_inches="tight",
         metadata={"Description": json.dumps(numbers, sort_keys=True)},
     )
     plt.close(fig)
@@ -263,7 +330,10 @@ def print_table(rows: list[dict]) -> None:
     short = ("rel", "seed", "series", "rel", "series")
     widths = [max(4, len(s)) for s in short]
     copies_w = sum(widths) + len(widths) - 1  # 0.30.0 spans the first three
-    kib_w = 9 * len(short) + 8
+    # Host KiB in the order of the releases: 0.30.0's three trees, the
+    # 0.33.0 series (recorded), 0.34.0's two and the limit in its blocks.
+    kib_short = (*short[:3], "series", *short[3:], "limit")
+    kib_w = 9 * len(kib_short) - 1
     header = (
         f"{'TP':>3} {'DCP':>3} | {'host copies':^{copies_w}} | "
         f"{'host KiB per offloaded token':^{kib_w}} | {'series/limit':^13} | "
@@ -271,15 +341,16 @@ def print_table(rows: list[dict]) -> None:
     )
     bases = (
         f"{'':>3} {'':>3} | {'0.30.0':<{sum(widths[:3]) + 3}}"
-        f"{'0.33.0':<{sum(widths[3:]) + 1}} | {'0.30.0':<27}{'0.33.0':<{kib_w - 27}} "
-        f"| {'0.30.0':>6} {'0.33.0':>6} | {'0.33.0':^9} | {'0.33.0 series':^13}"
+        f"{'0.34.0':<{sum(widths[3:]) + 1}} | {'0.30.0':<27}{'0.33.0':<9}"
+        f"{'0.34.0':<{kib_w - 36}} "
+        f"| {'0.30.0':>6} {'0.34.0':>6} | {'0.34.0':^9} | {'0.34.0 series':^13}"
     )
     sub = (
         f"{'':>3} {'':>3} | "
         + " ".join(f"{s:>{w}}" for s, w in zip(short, widths))
         + " | "
-        + " ".join(f"{s:>8}" for s in short)
-        + f" {'limit':>8} | {'':>13} | {'copies':^9} | {'rank':>6} {'total':>6}"
+        + " ".join(f"{s:>8}" for s in kib_short)
+        + f" | {'':>13} | {'copies':^9} | {'rank':>6} {'total':>6}"
     )
     arch = None
     for row in rows:
@@ -294,52 +365,60 @@ def print_table(rows: list[dict]) -> None:
             print(f"{lead}not supported by vLLM {unsupported[0]}")
             continue
         trees = [row[t] for t in LABELS]
-        limit = row["limit_bytes_per_token"]
         copies = " ".join(f"{t['host_copies']:>{w}}" for w, t in zip(widths, trees))
-        kib = " ".join(f"{_kib(t['host_bytes_per_token']):>8}" for t in trees)
-        ratios = " ".join(
-            f"{row[t]['host_bytes_per_token'] / limit:>5.2f}x"
-            for t in ("0.30.0+series", "0.33.0+series")
+        kib = " ".join(
+            f"{_kib(t['host_bytes_per_token']):>8}"
+            for t in (*trees[:3], row[RECORDED], *trees[3:])
         )
-        canonical = row["0.33.0"]["canonical"]
+        # Each series over the limit in its own base's blocks.
+        ratios = " ".join(
+            f"{row[t]['host_bytes_per_token'] / row[t]['limit_bytes_per_token']:>5.2f}x"
+            for t in ("0.30.0+series", SERIES)
+        )
+        canonical = row[RELEASE]["canonical"]
         worker, scheduler = canonical["worker"], canonical["scheduler"]
         # Worker / scheduler host copies, marked where the two sides disagree.
         canon = f"{worker['host_copies']}/{scheduler['host_copies']}"
         if not canonical["agree"]:
             canon += " !"
-        series = row["0.33.0+series"]
+        series = row[SERIES]
         store = (
             f"{_kib(series['busiest_rank_store_bytes_per_token']):>6} "
             f"{_kib(series['store_bytes_per_token']):>6}"
         )
         print(
-            f"{lead}{copies} | {kib} {_kib(limit):>8} | {ratios} | {canon:^9} | {store}"
+            f"{lead}{copies} | {kib} {_kib(row['limit_bytes_per_token']):>8} | "
+            f"{ratios} | {canon:^9} | {store}"
         )
     print(
-        "\nrel: the vLLM release as published (0.33.0 has upstream's own version "
+        "\nrel: the vLLM release as published (0.34.0 has upstream's own version "
         "of the seed);\nseed: 0.30.0 with the seed patches (up to "
-        f"{SEED_LAST_PATCH});\nseries: with all of patches/<release>/series. "
-        "Each column comes from that tree's own\nget_kv_cache_configs, "
-        "build_offloading_config and CPUOffloadingSpec (1 GiB of cpu_bytes_to_use;\n"
-        "tokens per GiB are in --json). host copies: of each offloaded chunk, one "
-        "per group of TP\nranks that hold identical KV (with a decimal point: "
-        "averaged over the layers, weighted by\ntheir pages, where each layer "
-        "keeps its own copies; over a hybrid's KV cache groups where each\n"
-        "group keeps its own, a chunk of every group counted per chunk of "
-        "tokens). limit: every distinct "
-        "piece of KV stored once (MLA-style caches\nonce, GQA once per KV head, "
-        "Mamba state once per rank, DCP token shards each once), from one\nrank's "
-        "bytes weighted by each layer's share of its KV cache group's pages, "
-        "averaged over the\ngroups (a chunk of tokens is a chunk of every "
-        "group); series/limit: host "
-        "bytes of each\nseries over that limit (alignment padding shows as a "
-        "little over 1). canonical: host copies of 0.33.0's\ncanonical layout "
-        "(TieringOffloadingSpec, canonical_layout) on a worker / on the "
-        "scheduler, decided\nby the release's own build_offloading_config on "
-        "each side's KV cache config; ! where they\ndisagree (the scheduler "
-        "keeps one spec per group). store KiB: device-to-host bytes per\n"
-        "offloaded token with the 0.33.0 series, written by the busiest rank and "
-        "by all ranks together."
+        f"{SEED_LAST_PATCH});\nseries: with all of patches/<release>/series; "
+        "0.33.0 series: as its last demo measured it\n(bench/results/"
+        "0.33.0-series.json), converted to this accounting. Each other column "
+        "comes from\nthat tree's own get_kv_cache_configs, "
+        "build_offloading_config and CPUOffloadingSpec (1 GiB of\n"
+        "cpu_bytes_to_use; tokens per GiB are in --json). A chunk of tokens is "
+        "a chunk of EVERY offloaded\nKV cache group: the releases, the seed and "
+        "the 0.30.0 series take a row (every copy of a\nworker's block) per "
+        "group's chunk, the 0.34.0 series the host units of each group's chunk "
+        "in its\nhost layout. host copies: of each offloaded chunk, one per "
+        "group of TP ranks that hold\nidentical KV (with a decimal point: "
+        "averaged over the layers, weighted by their pages, where\neach layer "
+        "keeps its own copies). limit: every distinct piece of KV stored once, "
+        "padding\nexcluded (each layer's page: MLA-style caches once, GQA once "
+        "per KV head, Mamba state once\nper rank, DCP token shards each once), "
+        "in 0.34.0's blocks; series/limit: host bytes of each\nseries over the "
+        "limit in its own base's blocks (0.30.0 picks other blocks for the "
+        "Qwen3.5- and\nNemotron-like hybrids; alignment shows as a little over "
+        "1). canonical: host copies of\n0.34.0's canonical layout "
+        "(TieringOffloadingSpec, canonical_layout) on a worker / on the\n"
+        "scheduler, decided by the release's own build_offloading_config on "
+        "each side's KV cache config;\n! where they disagree (the scheduler "
+        "keeps one spec per group). store KiB: device-to-host\nbytes per "
+        "offloaded token with the 0.34.0 series, from its host layout: written "
+        "by the busiest\nrank and by all ranks together (the ranks holding one "
+        "copy take turns, chunk by chunk)."
     )
 
 

@@ -1,7 +1,8 @@
 """Runs inside one vLLM tree (whichever `import vllm` finds) and writes, as
-JSON, to the file named by its argument, what that tree's own code decides for each architecture of
-bench/architectures.py: kv_tp_replicas, whether offloading takes the
-replicated layout, and the host bytes the CPU offloading spec reserves.
+JSON, to the file named by its argument, what that tree's own code decides for
+each architecture of bench/architectures.py: kv_tp_replicas, whether
+offloading takes the replicated layout, and the host bytes the CPU offloading
+spec reserves.
 
 Nothing here decides replication itself:
 - each layer's KV cache spec comes from the layer class's own
@@ -10,13 +11,21 @@ Nothing here decides replication itself:
   whatever its layers declare;
 - the KV cache config comes from get_kv_cache_configs, for every TP rank;
 - the layout from build_offloading_config, and the sizes (host copies
-  included) from a real CPUOffloadingSpec with 1 GiB of `cpu_bytes_to_use`.
+  included) from a real CPUOffloadingSpec with 1 GiB of `cpu_bytes_to_use`:
+  its rows (a chunk of any KV cache group takes one), or, where the tree has
+  one (the 0.34.0 series), its host layout (`spec.layout`: host units, the
+  units a chunk of each group takes, each layer's copies and their writers).
 The CPU offloading spec only dedups through its shared host region, which it
-enables on CUDA hosts (0.30.0: is_cuda_alike(); 0.33.0: also XPU, not ROCm);
+enables on CUDA hosts (0.30.0: is_cuda_alike(); 0.34.0: also XPU, not ROCm);
 this machine has none, so the worker models a CUDA host by reporting that
 region as available.
 
-It runs in vLLM 0.30.0 and 0.33.0 trees, with or without our series: where
+One accounting for every tree: a chunk of tokens is a chunk of EVERY
+offloaded KV cache group (a hybrid's state groups and its attention group, a
+DeepSeek-V4-like model's compressed and sliding-window groups), and the host
+bytes per chunk of tokens are what the spec reserves for all of them.
+
+It runs in vLLM 0.30.0 and 0.34.0 trees, with or without our series: where
 they differ it takes whatever the tree has (see _kv_cache_configs), and the
 layer stand-ins carry the attributes either tree's layer classes read.
 """
@@ -43,18 +52,18 @@ GiB = 1 << 30
 MAX_MODEL_LEN = 8192
 
 # The combinations vLLM rejects by design: the exception type and its message
-# (first line, in full), with where vLLM raises it (0.30.0 and 0.33.0 reject
+# (first line, in full), with where vLLM raises it (0.30.0 and 0.34.0 reject
 # the same combinations with the same messages). Any other exception
 # is a failure of the demo or of its environment (say, a pydantic
 # ValidationError from a ModelConfig that finds no model config) and stops it.
 REJECTED_BY_DESIGN = (
     # SlidingWindowSpec.max_memory_usage_bytes (vllm/v1/kv_cache_interface.py;
-    # 0.33.0: line 947, for specs with dcp_sharded, the default): DCP does not
+    # 0.34.0: line 964, for specs with dcp_sharded, the default): DCP does not
     # support sliding-window attention (DeepSeek-V4's SWA cache).
     (AssertionError, r"DCP not support sliding window\."),
     # build_offloading_config
     # (vllm/distributed/kv_transfer/kv_connector/v1/offloading/config.py;
-    # 0.33.0: line 114):
+    # 0.34.0: line 115):
     # every group's offloaded block must be a multiple of the hash block; with
     # DCP a Mamba hybrid's attention blocks span dcp times the tokens of its
     # Mamba blocks, which then fall short of a hash block.
@@ -120,6 +129,8 @@ def _layer_specs(
                 # DeepSeek-V3.2's index_topk, the width of the top-k buffer
                 # (read only by trees that declare it).
                 topk_buffer_width=2048,
+                # The backend's fp8_ds_mla row (read by 0.34.0).
+                impl=_ds_mla_impl(),
             )
             specs[f"{name}.attn"] = MLAAttention.get_kv_cache_spec(layer, config)
             indexer = SimpleNamespace(
@@ -167,7 +178,7 @@ def _layer_specs(
         elif kind == "mamba":
             # Mamba2 with 128 heads of 64 x 128 state, TP-sharded by head;
             # the tree's MambaSpec defaults stand for what Mamba2 declares
-            # (0.33.0: tp_replicated=False, MambaBase's is_kv_cache_tp_replicated).
+            # (0.34.0: tp_replicated=False, the state is sharded).
             specs[f"{name}.mixer"] = MambaSpec(
                 block_size=block,
                 shapes=((3, 10240 // tp), (128 // tp, 64, 128)),
@@ -176,6 +187,19 @@ def _layer_specs(
         else:
             raise ValueError(kind)
     return specs
+
+
+def _ds_mla_impl() -> Any:
+    """A stand-in for the MLA backend's impl, whose fp8_ds_mla row size
+    0.34.0's MLAAttention reads: the size of the tree's MLAAttentionImpl
+    (the backends DeepSeek-V3.2 runs on in a GPU host; 656 bytes)."""
+
+    def row_bytes() -> int:
+        from vllm.v1.attention.backend import MLAAttentionImpl
+
+        return MLAAttentionImpl.get_fp8_ds_mla_row_bytes(None)  # type: ignore[arg-type]
+
+    return SimpleNamespace(get_fp8_ds_mla_row_bytes=row_bytes)
 
 
 def _gqa_attention(arch: architectures.Arch, tp: int, kind: str, block: int) -> Any:
@@ -196,7 +220,7 @@ def _gqa_attention(arch: architectures.Arch, tp: int, kind: str, block: int) -> 
     heads = 64
     head_dim = arch.head_dim if kind == "gqa" else 128
     fake_tp_group = SimpleNamespace(world_size=tp, rank_in_group=0)
-    # With the model config, as in a model's constructor (0.33.0's CPU
+    # With the model config, as in a model's constructor (0.34.0's CPU
     # attention backend reads its dtype).
     with (
         set_current_vllm_config(VllmConfig(model_config=_model_config())),
@@ -286,7 +310,7 @@ def _offloading_vllm_config(
     config.cache_config.kv_cache_layout = None
     config.model_config.model = arch.name
     config.model_config.dtype = torch.bfloat16
-    # Read by trees whose OffloadingModelConfig carries it (0.33.0).
+    # Read by trees whose OffloadingModelConfig carries it (0.34.0).
     config.model_config.max_model_len = MAX_MODEL_LEN
     config.model_config.use_mla = arch.use_mla
     config.model_config.get_total_num_kv_heads.return_value = arch.kv_heads or 1
@@ -318,8 +342,8 @@ def _model_config():
 
 def _kv_cache_configs(vllm_config, specs: list[dict[str, Any]], memory: list[int]):
     """Every worker's KV cache config, planned as this tree's engine core
-    plans it: 0.33.0 moved planning to kv_cache_planning, where the engine
-    core groups the whole model's layers first and passes the groups in."""
+    plans it: 0.34.0 plans in kv_cache_planning, where the engine core
+    groups the whole model's layers first and passes the groups in."""
     if importlib.util.find_spec("vllm.v1.core.kv_cache_planning") is None:
         from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
 
@@ -333,11 +357,20 @@ def _kv_cache_configs(vllm_config, specs: list[dict[str, Any]], memory: list[int
     return get_kv_cache_configs(vllm_config, specs, memory, groups)
 
 
-def _host_copies(spec) -> int:
-    """Host copies of each chunk, read off the CPU spec's own sizing: a chunk
-    holds one worker page (cpu_page_size_per_worker) per copy, padded up to
-    BLOCK_SIZE_ALIGNMENT, which is smaller than a page here, so the padding
-    never amounts to another copy."""
+def _host_layout(spec) -> Any:
+    """The spec's host layout, where the tree has one (the 0.34.0 series:
+    HostLayout, host units of which a chunk of each offloaded group takes
+    group_units); None where a chunk of any group takes one row."""
+    layout = getattr(spec, "layout", None)
+    return layout if hasattr(layout, "group_units") else None
+
+
+def _row_copies(spec) -> int:
+    """Host copies of each row, read off the CPU spec's own sizing (trees
+    without a host layout): a row holds one worker page
+    (cpu_page_size_per_worker) per copy, padded up to BLOCK_SIZE_ALIGNMENT,
+    which is smaller than a page here, so the padding never amounts to
+    another copy."""
     page = spec.cpu_page_size_per_worker
     assert 0 < spec.BLOCK_SIZE_ALIGNMENT <= page, (spec.BLOCK_SIZE_ALIGNMENT, page)
     copies = spec.kv_bytes_per_chunk // page
@@ -348,75 +381,119 @@ def _host_copies(spec) -> int:
     return copies
 
 
-def _fewest_store_turns(spec, parallel) -> int:
-    """The fewest ranks that take turns storing one host copy, over every
-    rank, by the tree's own store_turn (0.33.0 series): 1 where one rank of
-    each group (or every rank, for its own copy) stores every chunk."""
-    if not getattr(spec, "rotates_store_writers", False):
-        return 1
-    from vllm.v1.kv_offload.config import store_turn
+def _host_copies(spec) -> int | float:
+    """Host copies of each offloaded chunk: a row's (one per rank, one per
+    replica group, or one for all), or, read off a host layout, the copies of
+    each layer weighted by its page (an int where every layer keeps as many)."""
+    layout = _host_layout(spec)
+    if layout is None:
+        return _row_copies(spec)
+    layers = [layer for group in layout.group_layers for layer in group]
+    held = sum(len(layer.offsets) * layer.page_bytes for layer in layers)
+    pages = sum(layer.page_bytes for layer in layers)
+    copies = held / pages
+    return int(copies) if copies == int(copies) else round(copies, 2)
 
-    groups = spec.host_replica_groups
-    return min(
-        store_turn(dataclasses.replace(parallel, rank=rank), groups)[0]
-        for rank in range(parallel.world_size)
-    )
 
-
-def _layer_copies_traffic(
-    layer_copies, parallel, tokens_per_block: int
-) -> tuple[float, float, float]:
-    """Where each layer keeps its own copies (the 0.33.0 series'
-    layer_copies): the copies weighted by each layer's page, and the
-    device-to-host bytes per offloaded token of all ranks together (every
-    copy of every layer written once) and of the busiest rank, which writes
-    the chunks of its turn (store_turn) of each layer's copy."""
-    from vllm.v1.kv_offload.config import store_turn
-
-    pages = sum(layer.page_size_bytes for layer in layer_copies)
-    held = sum(layer.num_copies * layer.page_size_bytes for layer in layer_copies)
-    busiest = max(
-        sum(
-            layer.page_size_bytes
-            / store_turn(
-                dataclasses.replace(parallel, rank=rank), layer.replica_groups
-            )[0]
-            for layer in layer_copies
+def _host_bytes(spec, offloading, tokens_per_chunk: int) -> dict[str, Any]:
+    """What the spec reserves for a chunk of tokens, a chunk of EVERY
+    offloaded KV cache group: its host units (rows where the tree has no
+    layout: one per chunk of any group; with a layout, each group's
+    group_units), their bytes, and the tokens that fit in cpu_bytes_to_use
+    (the whole chunks of every group the spec's num_chunks units hold)."""
+    layout = _host_layout(spec)
+    if layout is None:
+        units = len(offloading.groups)
+    else:
+        # A unit of the shared region is a row of kv_bytes_per_chunk bytes.
+        assert spec.kv_bytes_per_chunk == layout.unit_bytes, (
+            spec.kv_bytes_per_chunk,
+            layout.unit_bytes,
         )
-        for rank in range(parallel.world_size)
-    )
-    return (
-        round(held / pages, 2),
-        held / tokens_per_block,
-        busiest / tokens_per_block,
-    )
+        units = sum(layout.group_units)
+    per_chunk = units * spec.kv_bytes_per_chunk
+    tokens_per_gib = spec.num_chunks // units * tokens_per_chunk
+    assert tokens_per_gib == GiB // per_chunk * tokens_per_chunk, (units, per_chunk)
+    return {
+        "host_units_per_chunk": units,
+        "host_bytes_per_chunk": per_chunk,
+        "host_bytes_per_token": per_chunk / tokens_per_chunk,
+        "tokens_per_gib": tokens_per_gib,
+    }
 
 
-def _group_copies_traffic(
-    group_copies, parallel, worker_bytes_per_token: float
-) -> tuple[float, float, float]:
-    """Where each KV cache group of a hybrid keeps its own copies (the 0.33.0
-    series' group_copies), a chunk of each group being one host unit per
-    replica group of that group: the mean copies of a chunk over the groups
-    (the demo counts a chunk of every group per chunk of tokens), and the
-    device-to-host bytes per offloaded token of all ranks together (every
-    unit written once) and of the busiest rank, which writes the units of
-    its turn (store_turn) in each group."""
-    from vllm.v1.kv_offload.config import store_turn
+def _store_traffic(layout, world_size: int, tokens_per_chunk: int):
+    """Device-to-host bytes per offloaded token under a host layout, of all
+    ranks together and of the busiest rank: each copy of each layer is
+    written once per chunk, its writers (LayerCopies.writers) taking turns
+    chunk by chunk, so that over many chunks each writes 1/len(writers) of
+    them."""
+    ranks = [0.0] * world_size
+    total = 0
+    for group in layout.group_layers:
+        for layer in group:
+            chunk = layer.page_bytes * layout.blocks_per_chunk
+            for copy in range(len(layer.offsets)):
+                writers = layer.writers(copy)
+                assert writers, (layer, copy)
+                total += chunk
+                for rank in writers:
+                    ranks[rank] += chunk / len(writers)
+    return total / tokens_per_chunk, max(ranks) / tokens_per_chunk
 
-    copies = [len(set(groups)) for groups in group_copies]
-    busiest = max(
-        sum(
-            1 / store_turn(dataclasses.replace(parallel, rank=rank), groups)[0]
-            for groups in group_copies
-        )
-        for rank in range(parallel.world_size)
-    )
-    mean = sum(copies) / len(copies)
-    return (
-        mean,
-        mean * worker_bytes_per_token,
-        busiest / len(copies) * worker_bytes_per_token,
+
+def _offloaded_layers(kv_cache_config, offloading) -> list[list[tuple[str, Any]]]:
+    """Per offloaded KV cache group (offloading.groups' order), each layer's
+    name and its own spec (a worker's config keeps a uniform-type group's
+    layer specs)."""
+    from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
+
+    out = []
+    for group_config in offloading.groups:
+        group = kv_cache_config.kv_cache_groups[group_config.group_id]
+        spec = group.kv_cache_spec
+        if isinstance(spec, UniformTypeKVCacheSpecs):
+            out.append(
+                [(name, spec.kv_cache_specs[name]) for name in group.layer_names]
+            )
+        else:
+            out.append([(name, spec) for name in group.layer_names])
+    return out
+
+
+def _layer_page_bytes(spec) -> int:
+    """The bytes one rank stores of a layer per block, padding excluded:
+    AttentionSpec's unpadded page, a MambaSpec's state bytes."""
+    from vllm.v1.kv_cache_interface import AttentionSpec, MambaSpec
+
+    if isinstance(spec, AttentionSpec):
+        return spec.unpadded_page_size_bytes
+    if isinstance(spec, MambaSpec):
+        return dataclasses.replace(spec, page_size_padded=None).page_size_bytes
+    raise TypeError(f"no page size for {type(spec).__name__}")
+
+
+def _kind(arch: architectures.Arch, name: str) -> tuple[str, str]:
+    """A layer's kind (bench/architectures.py) and its cache, from its name
+    (model.layers.<i>.<cache>)."""
+    _, _, index, cache = name.split(".")
+    return arch.layers[int(index)], cache
+
+
+def _limit_bytes_per_chunk(
+    arch: architectures.Arch, layers, tp: int, dcp: int, blocks_per_chunk: int
+) -> int:
+    """The physical limit, the distinct bytes the model's layers hold per
+    chunk of tokens: over every offloaded group and each of its layers, the
+    layer's page without padding, for each block of the chunk, times the
+    distinct pieces it splits into by the model's math
+    (architectures.distinct_shards)."""
+    return sum(
+        _layer_page_bytes(spec)
+        * blocks_per_chunk
+        * architectures.distinct_shards(_kind(arch, name)[0], arch, tp, dcp)
+        for group in layers
+        for name, spec in group
     )
 
 
@@ -448,101 +525,100 @@ def measure(arch: architectures.Arch, tp: int, dcp: int) -> dict[str, Any]:
     )
     with patch.object(CPUOffloadingSpec, "_uses_shared_region", return_value=True):
         spec = CPUOffloadingSpec(offloading)
+    # A chunk of tokens is a chunk of every offloaded group; every group of
+    # these models spans the same tokens per block (a hybrid's state blocks
+    # are aligned to its attention blocks).
     tokens_per_block = {g.tokens_per_block for g in offloading.groups}
-    tokens_per_chunk = min(tokens_per_block) * offloading.cache.blocks_per_chunk
-    worker_bytes_per_token = offloading.worker_kv_bytes_per_block / min(
-        tokens_per_block
-    )
-    # The replica group of each TP rank, where the tree plans one.
-    groups = tuple(getattr(kv_cache_config, "kv_tp_replica_groups", ()))
-    layer_copies = getattr(spec, "layer_copies", ())
-    group_copies = getattr(spec, "group_copies", ())
-    # Chunks of tokens the host holds, and its bytes per token: a chunk row
-    # each, or, where each group keeps its own copies, a chunk of every
-    # group in as many host units as it keeps copies.
-    chunks_of_tokens = spec.num_chunks
-    host_bytes_per_chunk = spec.kv_bytes_per_chunk
-    if group_copies:
-        units, store, busiest = _group_copies_traffic(
-            group_copies, offloading.parallel, worker_bytes_per_token
-        )
-        copies = round(units, 2)
-        chunks_of_tokens = int(spec.num_chunks / units)
-        host_bytes_per_chunk = spec.kv_bytes_per_chunk * units
-    elif layer_copies:
-        copies, store, busiest = _layer_copies_traffic(
-            layer_copies, offloading.parallel, min(tokens_per_block)
-        )
-    else:
-        copies = _host_copies(spec)
-        # Every copy is written once, one rank's page each. The busiest rank
-        # writes one rank's bytes where one rank of each group stores every
-        # chunk, its turn's share where the group's ranks take turns.
-        store = copies * worker_bytes_per_token
-        busiest = worker_bytes_per_token / _fewest_store_turns(
-            spec, offloading.parallel
-        )
-    return {
+    assert len(tokens_per_block) == 1, tokens_per_block
+    (tokens_per_block,) = tokens_per_block
+    blocks_per_chunk = offloading.cache.blocks_per_chunk
+    tokens_per_chunk = tokens_per_block * blocks_per_chunk
+    layers = _offloaded_layers(kv_cache_config, offloading)
+    layout = _host_layout(spec)
+    row = {
         "kv_tp_replicas": getattr(kv_cache_config, "kv_tp_replicas", None),
-        "kv_tp_replica_groups": list(groups) or None,
-        "replicated_layout": spec.replicated_layout,
-        # Host copies of each chunk the CPU spec keeps: one per replica group
-        # it shares, one in all for the replicated layout, else one per rank;
-        # weighted by each layer's page where each layer keeps its own.
-        "host_copies": copies,
-        # Whether each layer keeps its own copies (0.33.0 series).
-        "layer_copies": bool(layer_copies),
-        # Whether each KV cache group of a hybrid keeps its own (0.33.0
-        # series).
-        "group_copies": bool(group_copies),
-        # Device-to-host bytes per offloaded token, by all ranks together and
-        # by the busiest rank.
-        "store_bytes_per_token": store,
-        "busiest_rank_store_bytes_per_token": busiest,
+        # The replica group of each TP rank, where the tree plans one for
+        # every layer at once (0.30.0 series).
+        "kv_tp_replica_groups": list(
+            getattr(kv_cache_config, "kv_tp_replica_groups", ())
+        )
+        or None,
+        # One host copy serves every rank (the release and 0.30.0: the
+        # spec's row of one block; the 0.34.0 series: every layer's plan).
+        "replicated_layout": bool(
+            spec.replicated_layout or getattr(offloading, "replicated_layout", False)
+        ),
+        "offloaded_groups": len(offloading.groups),
+        "tokens_per_chunk": tokens_per_chunk,
+        # Host copies of each chunk: one per rank, one per replica group it
+        # shares, one in all for the replicated layout; weighted by each
+        # layer's page where each layer keeps its own (a host layout).
+        "host_copies": _host_copies(spec),
+        **_host_bytes(spec, offloading, tokens_per_chunk),
+        # One rank's block of one group, padding included, per token.
+        "worker_bytes_per_token": offloading.worker_kv_bytes_per_block
+        / tokens_per_block,
+        # The physical limit: every distinct piece of KV stored once.
+        "limit_bytes_per_token": _limit_bytes_per_chunk(
+            arch, layers, tp, dcp, blocks_per_chunk
+        )
+        / tokens_per_chunk,
         "canonical": _canonical_layout(
             arch, tp, dcp, configs, tokens_per_chunk, block_size
         ),
-        "worker_bytes_per_token": worker_bytes_per_token,
-        # The physical limit: every distinct piece of KV stored once.
-        "limit_bytes_per_token": worker_bytes_per_token
-        * _distinct_copies(arch, kv_cache_config, offloading, tp, dcp),
-        "host_bytes_per_token": host_bytes_per_chunk / tokens_per_chunk,
-        "tokens_per_gib": chunks_of_tokens * tokens_per_chunk,
-        "layer_classes": _layer_classes(arch, kv_cache_config, tp),
+        "layer_classes": _layer_classes(arch, offloading, layout),
     }
+    if layout is not None:
+        # The layout itself: its unit, the units and bytes (every copy of
+        # every layer) of a chunk of each offloaded group.
+        row["host_layout"] = {
+            "unit_bytes": layout.unit_bytes,
+            "group_units": list(layout.group_units),
+            "group_bytes": list(layout.group_bytes),
+        }
+        (
+            row["store_bytes_per_token"],
+            row["busiest_rank_store_bytes_per_token"],
+        ) = _store_traffic(layout, offloading.parallel.world_size, tokens_per_chunk)
+    return row
 
 
-def _layer_classes(arch: architectures.Arch, kv_cache_config, tp: int):
-    """The host copies each class of layers (those with equal replica
-    groups) would need on its own, from the groups the tree plans for each
-    layer on its own (KVCacheConfig.layer_tp_replica_groups, the 0.33.0
-    series; None where the tree plans none): per class, its copies and its
+def _layer_classes(arch: architectures.Arch, offloading, layout):
+    """The host copies each class of layers keeps (those with equal replica
+    groups), read off the host layout (the 0.34.0 series, which lays out each
+    layer's copies per replica group of the layer's plan,
+    KVCacheConfig.layer_tp_replica_groups; None where the tree has no
+    layout): per class, its copies, the replica group of each rank, and its
     layers by kind (and cache, where a layer has several), in the order of
     their first layer."""
-    planned = getattr(kv_cache_config, "layer_tp_replica_groups", None)
-    if planned is None:
+    if layout is None:
         return None
-    classes: dict[tuple[int, ...], dict[str, int]] = {}
-    for group in kv_cache_config.kv_cache_groups:
-        for name in group.layer_names:
-            _, _, index, cache = name.split(".")
-            kind = arch.layers[int(index)]
+    classes: dict[tuple[int, ...], dict[str, Any]] = {}
+    for group, group_layers in zip(offloading.groups, layout.group_layers, strict=True):
+        for name, layer in zip(group.layer_names, group_layers, strict=True):
+            kind, cache = _kind(arch, name)
             what = kind if cache in ("attn", "mixer") else f"{kind} {cache}"
-            layers = classes.setdefault(tuple(planned.get(name, range(tp))), {})
-            layers[what] = layers.get(what, 0) + 1
-    return [
-        {"copies": len(set(groups)), "layers": layers}
-        for groups, layers in classes.items()
-    ]
+            entry = classes.setdefault(
+                layer.replica_groups,
+                {
+                    "copies": len(layer.offsets),
+                    "replica_groups": list(layer.replica_groups),
+                    "layers": {},
+                },
+            )
+            assert entry["copies"] == len(layer.offsets), name
+            entry["layers"][what] = entry["layers"].get(what, 0) + 1
+    return list(classes.values())
 
 
 def _canonical_layout(
     arch, tp: int, dcp: int, configs, tokens_per_chunk: int, block_size: int
 ):
     """What the tree's canonical CPU layout (TieringOffloadingSpec with
-    canonical_layout, upstream's strongest configuration) reserves, decided
-    by its own build_offloading_config on a worker's KV cache config and on
-    the scheduler's (one spec per group)."""
+    canonical_layout, upstream's strongest configuration) reserves for a
+    chunk of every offloaded group, decided by its own
+    build_offloading_config on a worker's KV cache config and on the
+    scheduler's (one spec per group)."""
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (
         build_offloading_config,
     )
@@ -564,43 +640,16 @@ def _canonical_layout(
         )
         offloading = build_offloading_config(config, kv_cache_config)
         spec = TieringOffloadingSpec(offloading)
+        host = _host_bytes(spec, offloading, tokens_per_chunk)
         out[side] = {
             "replicated_layout": spec.replicated_layout,
             "parallelism_agnostic": offloading.parallel.is_parallelism_agnostic,
             "host_copies": _host_copies(spec),
-            "host_bytes_per_token": spec.kv_bytes_per_chunk / tokens_per_chunk,
-            "tokens_per_gib": spec.num_chunks * tokens_per_chunk,
+            "host_bytes_per_token": host["host_bytes_per_token"],
+            "tokens_per_gib": host["tokens_per_gib"],
         }
     out["agree"] = out["worker"] == out["scheduler"]
     return out
-
-
-def _distinct_copies(
-    arch: architectures.Arch, kv_cache_config, offloading, tp: int, dcp: int
-):
-    """How many copies of one rank's block the model's distinct KV amounts
-    to, per offloaded chunk: for each offloaded KV cache group, its layers'
-    distinct pieces (architectures.distinct_shards) weighted by each layer's
-    share of the group's pages; averaged over the groups, a chunk of tokens
-    being a chunk of every group, each a block of the rank's bytes."""
-    from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
-
-    per_group = []
-    for group_config in offloading.groups:
-        group = kv_cache_config.kv_cache_groups[group_config.group_id]
-        spec = group.kv_cache_spec
-        if isinstance(spec, UniformTypeKVCacheSpecs):
-            layers = list(spec.kv_cache_specs.items())
-        else:
-            layers = [(name, spec) for name in group.layer_names]
-        weighted = total = 0
-        for name, layer_spec in layers:
-            kind = arch.layers[int(name.split(".")[2])]
-            pieces = architectures.distinct_shards(kind, arch, tp, dcp)
-            weighted += layer_spec.page_size_bytes * pieces
-            total += layer_spec.page_size_bytes
-        per_group.append(weighted / total)
-    return sum(per_group) / len(per_group)
 
 
 def rejected_by_design(e: Exception) -> str | None:

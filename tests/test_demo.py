@@ -22,7 +22,9 @@ import demo  # noqa: E402
 
 # The 0.30.0 trees: the release, with the seed patches, with the series.
 TREES = ("0.30.0", "0.30.0+seed", "0.30.0+series")
-SERIES = ("0.30.0+series", "0.33.0+series")
+SERIES = ("0.30.0+series", demo.SERIES)
+# The current base: its release and its series.
+RELEASE, SERIES_034 = demo.RELEASE, demo.SERIES
 
 
 def user_env() -> dict[str, str]:
@@ -73,6 +75,21 @@ UNIFORM = (
     "Qwen2.5-1.5B-like (GQA, 2 KV heads)",
 )
 MLA_ONLY = UNIFORM[:4]
+# Mixes whose classes share one KV cache group: a target and its draft, MLA
+# beside GQA.
+ONE_GROUP_MIXES = (
+    "MLA + GQA-8 mix",
+    "DeepSeek-V3 + EAGLE-3 draft (8 KV heads)",
+    "Qwen3-235B-like + EAGLE-3 draft (8 KV heads)",
+)
+# Hybrids: attention beside linear-attention or Mamba state, KV cache groups
+# apart.
+HYBRIDS = (
+    "MLA + Mamba hybrid",
+    "Qwen3.5/Qwen3-Next-like (3 GDN : 1 attention, 2 KV heads)",
+    "Nemotron-Nano-like (Mamba2 hybrid, 2 KV heads)",
+    "Kimi-Linear-like (3 KDA : 1 MLA)",
+)
 
 
 def test_make_demo_prints_the_summary_then_the_table_of_these_numbers(all_rows):
@@ -102,46 +119,43 @@ def test_make_demo_prints_the_summary_then_the_table_of_these_numbers(all_rows):
 
     def row(arch: str) -> list[str]:
         """The TP 8, DCP 1 row of `arch`: TP, DCP, host copies of the five
-        trees, host KiB of the five trees and the limit, series/limit."""
+        trees, host KiB of the three 0.30.0 trees, the 0.33.0 series, the
+        two 0.34.0 trees and the limit, series/limit of both series."""
         section = table.split(f"{arch}\n")[1].split("\n\n")[0]
         line = next(r for r in section.splitlines() if r.startswith("  8   1 |"))
         return line.replace("|", " ").replace(",", "").split()
 
     # The README's headlines. DeepSeek-V3.2 at TP 8 keeps one host copy
-    # instead of eight with the seed, and 0.33.0 already does.
+    # instead of eight with the seed, and 0.34.0 already does.
     fields = row("DeepSeek-V3.2 (MLA + indexer)")
     assert fields[2:7] == ["8", "1", "1", "1", "1"], fields
     base_kib, seed_kib, series_kib = map(float, fields[7:10])
     assert base_kib >= 7.9 * series_kib and seed_kib == series_kib, fields
-    # 2 KV heads at TP 8: 0.33.0 keeps 8 host copies, its series 2.
+    # 2 KV heads at TP 8: 0.34.0 keeps 8 host copies, its series 2, as the
+    # 0.33.0 series did.
     fields = row("Qwen2.5-1.5B-like (GQA, 2 KV heads)")
     assert fields[5:7] == ["8", "2"], fields
-    assert float(fields[10]) == 4 * float(fields[11]), fields
+    assert float(fields[11]) == 4 * float(fields[12]) == 4 * float(fields[10])
+    assert fields[14:16] == ["1.00x", "1.00x"], fields
 
 
 def test_only_what_vllm_rejects_by_design_is_not_supported(all_rows):
     # vLLM's own assertions (bench/kv_tp_worker.py, REJECTED_BY_DESIGN), the
-    # same in every tree: DCP with a sliding-window cache, and DCP with a
-    # hybrid, whose attention blocks then span dcp times its state blocks'
-    # tokens, no whole hash block.
+    # same in every tree and in the 0.33.0 series' record: DCP with a
+    # sliding-window cache, and DCP with a hybrid, whose attention blocks
+    # then span dcp times its state blocks' tokens, no whole hash block.
     sliding_window = "AssertionError: DCP not support sliding window."
     hybrid_blocks = re.compile(
         r"AssertionError: tokens_per_block=(\d+) not divisible by "
         r"tokens_per_hash=(\d+)\. Hybrid models \(e\.g\. Mamba\+Attention\) "
         r"need --enable-prefix-caching to align block sizes\."
     )
-    hybrids = (
-        "MLA + Mamba hybrid",
-        "Qwen3.5/Qwen3-Next-like (3 GDN : 1 attention, 2 KV heads)",
-        "Nemotron-Nano-like (Mamba2 hybrid, 2 KV heads)",
-        "Kimi-Linear-like (3 KDA : 1 MLA)",
-    )
     for (arch, tp, dcp), row in all_rows.items():
-        for tree in demo.LABELS:
+        for tree in (*demo.LABELS, demo.RECORDED):
             why = row[tree].get("unsupported")
             if dcp > 1 and arch.startswith("DeepSeek-V4-like"):
                 assert why == sliding_window, (arch, tp, dcp, tree)
-            elif dcp > 1 and arch in hybrids:
+            elif dcp > 1 and arch in HYBRIDS:
                 assert why and (m := hybrid_blocks.fullmatch(why)), (arch, tree)
                 assert int(m[2]) == dcp * int(m[1]), (arch, tp, dcp, tree)
             else:
@@ -157,6 +171,9 @@ def test_a_broken_environment_stops_the_demo_with_its_cause(tmp_path):
         "VLLM_TARGET_DEVICE": "cpu",
         "HF_HUB_OFFLINE": "1",
         "HF_HOME": str(tmp_path),
+        # 0.34.0's CPU platform accepts the installed Triton (as
+        # tools/testenv.sh sets it): the model config is the only cause.
+        "CUDA_VISIBLE_DEVICES": "",
     }
     res = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "demo.py"), "--json"],
@@ -177,7 +194,7 @@ def test_deepseek_v32_tp8_stores_one_host_copy_instead_of_eight(rows):
     # The base reserves one copy per rank, the seed one copy in all (host
     # chunks are rounded up to an alignment, hence not an exact ratio).
     assert base["host_bytes_per_token"] >= 8 * series["worker_bytes_per_token"]
-    assert series["host_bytes_per_token"] < 1.01 * row["limit_bytes_per_token"]
+    assert series["host_bytes_per_token"] < 1.01 * series["limit_bytes_per_token"]
     assert seed["tokens_per_gib"] >= 8 * base["tokens_per_gib"]
 
 
@@ -192,23 +209,113 @@ def test_two_kv_heads_at_tp8_store_a_quarter_of_the_base(rows):
     )
 
 
-def test_never_below_the_physical_limit(rows):
-    # Storing fewer bytes than the distinct KV would mean a false claim of
-    # replication somewhere.
+def test_one_accounting_a_chunk_of_every_group(rows):
+    """Every tree reserves, per chunk of tokens, a chunk of every offloaded
+    KV cache group: a row of the spec each where it has no host layout, the
+    units of each group's chunk in the 0.34.0 series'; and the tokens that
+    fit in 1 GiB are whole chunks of every group."""
     for key, row in rows.items():
         for tree in demo.LABELS:
-            assert (
-                row[tree]["host_bytes_per_token"]
-                >= 0.999 * row["limit_bytes_per_token"]
+            r = row[tree]
+            groups = r["offloaded_groups"]
+            layout = r.get("host_layout")
+            if tree == SERIES_034:
+                assert layout is not None and len(layout["group_units"]) == groups
+                assert r["host_units_per_chunk"] == sum(layout["group_units"])
+                # Each group's units hold every copy of every layer.
+                assert all(
+                    units * layout["unit_bytes"] >= size
+                    for units, size in zip(
+                        layout["group_units"], layout["group_bytes"], strict=True
+                    )
+                ), key
+                row_bytes = layout["unit_bytes"]
+            else:
+                assert layout is None, (key, tree)
+                assert r["host_units_per_chunk"] == groups, (key, tree)
+                row_bytes = r["host_bytes_per_chunk"] // groups
+            assert r["host_bytes_per_chunk"] == r["host_units_per_chunk"] * row_bytes
+            assert r["host_bytes_per_token"] == (
+                r["host_bytes_per_chunk"] / r["tokens_per_chunk"]
+            )
+            assert r["tokens_per_gib"] == (
+                (1 << 30) // r["host_bytes_per_chunk"] * r["tokens_per_chunk"]
             ), (key, tree)
+        # The models with several offloaded groups (every TP size, DCP 1).
+        if key[2] == 1 and key[0] in (
+            *HYBRIDS,
+            "DeepSeek-V4-like (MLA + indexer + SWA)",
+        ):
+            assert row[SERIES_034]["offloaded_groups"] > 1, key
+
+
+def test_earlier_demos_overstated_models_with_several_groups(rows):
+    # DeepSeek-V4-like at TP 8: the 0.33.0 demo counted one row (a chunk of
+    # one of its two groups) per chunk of tokens: fewer bytes than the
+    # model's distinct KV, which no layout can hold. A chunk of both groups
+    # is two rows, as 0.34.0 reserves them; the 0.34.0 series packs both
+    # groups' pages in host units, near the limit.
+    row = rows[("DeepSeek-V4-like (MLA + indexer + SWA)", 8, 1)]
+    recorded, release = row[demo.RECORDED], row[RELEASE]
+    assert recorded["offloaded_groups"] == release["offloaded_groups"] == 2
+    assert recorded["recorded_host_bytes_per_token"] < row["limit_bytes_per_token"]
+    assert recorded["host_bytes_per_token"] == release["host_bytes_per_token"]
+    series = row[SERIES_034]
+    assert series["host_bytes_per_token"] < 0.65 * release["host_bytes_per_token"]
+
+
+def test_never_below_the_physical_limit(rows):
+    # Storing fewer bytes than the distinct KV would mean a false claim of
+    # replication somewhere. Each tree against the limit in its own base's
+    # blocks.
+    for key, row in rows.items():
+        for tree in demo.LABELS:
+            r = row[tree]
+            assert r["host_bytes_per_token"] >= 0.999 * r["limit_bytes_per_token"], (
+                key,
+                tree,
+            )
+        assert row[SERIES_034]["limit_bytes_per_token"] == row["limit_bytes_per_token"]
+
+
+def test_034_series_within_1_01_of_the_limit_and_no_worse_than_033(rows):
+    """The key claim: in every row, the 0.34.0 series reserves at most 1.01
+    times the physical limit, and no more host bytes per token (a chunk of
+    every group per chunk of tokens) than the 0.33.0 series did. Every
+    failing row is named with its numbers."""
+    failures = []
+    for (arch, tp, dcp), row in sorted(rows.items()):
+        series = row[SERIES_034]["host_bytes_per_token"]
+        limit = row["limit_bytes_per_token"]
+        previous = row[demo.RECORDED]["host_bytes_per_token"]
+        if series > 1.01 * limit:
+            failures.append(
+                f"{arch}, TP {tp}, DCP {dcp}: {series:.1f} host bytes per token, "
+                f"{series / limit:.4f} times the limit {limit:.1f}"
+            )
+        if series > previous * (1 + 1e-12):
+            failures.append(
+                f"{arch}, TP {tp}, DCP {dcp}: {series:.1f} host bytes per token, "
+                f"the 0.33.0 series {previous:.1f}"
+            )
+    assert not failures, "\n".join(failures)
 
 
 def test_at_the_limit_where_every_layer_replicates_alike(rows):
+    # Both series, except the 0.30.0 series where a model offloads several
+    # KV cache groups (DeepSeek-V4-like): a row per group's chunk, each a
+    # whole block of the largest group, where the 0.34.0 series packs each
+    # group's own pages.
     for (arch, tp, dcp), row in rows.items():
         if arch in UNIFORM:
-            assert row["0.30.0+series"]["host_bytes_per_token"] == pytest.approx(
-                row["limit_bytes_per_token"], rel=0.01
-            ), (arch, tp, dcp)
+            for tree in SERIES:
+                r = row[tree]
+                if tree == "0.30.0+series" and r["offloaded_groups"] > 1:
+                    assert r["host_bytes_per_token"] > 1.5 * r["limit_bytes_per_token"]
+                    continue
+                assert r["host_bytes_per_token"] == pytest.approx(
+                    r["limit_bytes_per_token"], rel=0.01
+                ), (arch, tp, dcp, tree)
 
 
 @pytest.mark.parametrize(
@@ -225,18 +332,21 @@ def test_at_the_limit_where_every_layer_replicates_alike(rows):
 )  # fmt: skip
 def test_dcp_keeps_one_host_copy_per_strided_replica_group(rows, arch, tp, dcp, groups):
     # Under DCP, ranks with one DCP rank hold the same token share: both
-    # series keep one copy per such group, at the physical limit; the
-    # releases and the seed one per rank.
+    # series keep one copy per such group, at the physical limit (the 0.30.0
+    # series plans one replica group for every layer, the 0.34.0 series each
+    # layer's, here the same for all); the releases and the seed one per
+    # rank.
     row = rows[(arch, tp, dcp)]
-    for series in SERIES:
-        r = row[series]
-        assert r["kv_tp_replica_groups"] == groups, series
-        assert r["kv_tp_replicas"] == 1, series
-        assert r["host_copies"] == len(set(groups)), series
+    old, new = row["0.30.0+series"], row[SERIES_034]
+    assert old["kv_tp_replica_groups"] == groups
+    assert [c["replica_groups"] for c in new["layer_classes"]] == [groups]
+    for r in (old, new):
+        assert r["kv_tp_replicas"] == 1
+        assert r["host_copies"] == len(set(groups))
         assert r["host_bytes_per_token"] == pytest.approx(
-            row["limit_bytes_per_token"], rel=0.01
-        ), series
-    assert row["0.33.0"]["host_copies"] == tp
+            r["limit_bytes_per_token"], rel=0.01
+        )
+    assert row[RELEASE]["host_copies"] == tp
     base, seed, series = (row[t] for t in TREES)
     assert base["host_copies"] == seed["host_copies"] == tp
     assert (
@@ -265,155 +375,139 @@ def test_base_tree_has_no_replica_count(rows):
     assert all(r["0.30.0"].get("kv_tp_replicas") is None for r in rows.values())
 
 
-def test_033_two_kv_heads_at_tp8_store_two_copies_instead_of_eight(rows):
-    # What users of today's vLLM gain: 0.33.0 keeps one host copy per rank
+def test_034_two_kv_heads_at_tp8_store_two_copies_instead_of_eight(rows):
+    # What users of today's vLLM gain: 0.34.0 keeps one host copy per rank
     # of a GQA model whose KV heads repeat across ranks; with the series, one
     # per KV head (runs of 4 ranks share one).
     row = rows[("Qwen2.5-1.5B-like (GQA, 2 KV heads)", 8, 1)]
-    release, series = row["0.33.0"], row["0.33.0+series"]
+    release, series = row[RELEASE], row[SERIES_034]
     assert release["host_copies"] == 8 and release["kv_tp_replicas"] == 1
     assert series["host_copies"] == 2 and series["kv_tp_replicas"] == 4
+    assert series["layer_classes"][0]["replica_groups"] == [0] * 4 + [1] * 4
     assert series["host_bytes_per_token"] == release["host_bytes_per_token"] / 4
     assert series["host_bytes_per_token"] == pytest.approx(
         row["limit_bytes_per_token"], rel=0.01
     )
 
 
-def test_033_series_reaches_the_limit(rows):
-    # Every model whose layers all replicate alike, with and without DCP.
-    for (arch, tp, dcp), row in rows.items():
-        if arch in UNIFORM:
-            assert row["0.33.0+series"]["host_bytes_per_token"] == pytest.approx(
-                row["limit_bytes_per_token"], rel=0.01
-            ), (arch, tp, dcp)
-
-
-# Mixes whose classes share one KV cache group: a target and its draft, MLA
-# beside GQA. The others are hybrids, whose state is a KV cache group apart.
-ONE_GROUP_MIXES = (
-    "MLA + GQA-8 mix",
-    "DeepSeek-V3 + EAGLE-3 draft (8 KV heads)",
-    "Qwen3-235B-like + EAGLE-3 draft (8 KV heads)",
-)
-
-
-def test_033_series_reaches_the_limit_where_classes_share_a_group(rows):
+def test_034_series_reaches_the_limit_where_classes_share_a_group(rows):
     """Where the layers of one KV cache group need different host copy
-    counts, each keeps its own (layer_copies), at every TP and DCP size:
-    the limit, up to the row's page alignment. Only those mixes do; the
-    hybrids keep one layout."""
-    with_layer_copies = set()
+    counts, each keeps its own in the host layout, at every TP and DCP size:
+    the limit, up to the unit's alignment. The layers form as many classes
+    as their kinds split into different numbers of pieces (one where they
+    split alike: TP 1; 4 and 8 KV heads at TP 2 and 4; no sharing at TP 16
+    under DCP). Only those mixes have more than one class in one group."""
+    archs = {a.name: a for a in demo.architectures.ARCHITECTURES}
     for (arch, tp, dcp), row in rows.items():
-        series = row["0.33.0+series"]
-        assert not row["0.33.0"]["layer_copies"]
-        if series["layer_copies"]:
-            with_layer_copies.add(arch)
+        series = row[SERIES_034]
+        if arch in ONE_GROUP_MIXES:
+            assert series["offloaded_groups"] == 1
             assert series["host_bytes_per_token"] == pytest.approx(
                 row["limit_bytes_per_token"], rel=0.01
             ), (arch, tp, dcp)
-            assert len(series["layer_classes"]) > 1
-        elif arch in ONE_GROUP_MIXES:
-            # One class only: TP 1, or at TP 16 under DCP where no two
-            # ranks share anything.
-            assert len(series["layer_classes"]) == 1, (arch, tp, dcp)
-    assert with_layer_copies == set(ONE_GROUP_MIXES)
+            pieces = {
+                demo.architectures.distinct_shards(kind, archs[arch], tp, dcp)
+                for kind in archs[arch].layers
+            }
+            assert len(series["layer_classes"]) == len(pieces), (arch, tp, dcp)
+        elif series["offloaded_groups"] == 1:
+            assert arch in UNIFORM and len(series["layer_classes"]) == 1, arch
 
 
-# Hybrids: attention beside linear-attention or Mamba state, KV cache groups
-# apart.
-HYBRIDS = (
-    "MLA + Mamba hybrid",
-    "Qwen3.5/Qwen3-Next-like (3 GDN : 1 attention, 2 KV heads)",
-    "Nemotron-Nano-like (Mamba2 hybrid, 2 KV heads)",
-    "Kimi-Linear-like (3 KDA : 1 MLA)",
-)
-
-
-def test_033_series_reaches_the_limit_where_hybrid_groups_replicate_differently(
+def test_034_series_reaches_the_limit_where_hybrid_groups_replicate_differently(
     rows,
 ):
-    """Where the KV cache groups of a hybrid need different host copy
-    counts, each keeps its own (group_copies), at every TP and DCP size: the
-    limit, up to the unit's page alignment, and more tokens than the
-    release. Only the hybrids do."""
-    with_group_copies = set()
+    """Where the KV cache groups of a hybrid need different host copy counts,
+    a chunk of each takes its own host units, at every TP size: the limit, up
+    to the unit's alignment, and fewer host bytes per token than the release
+    (whose row per group's chunk holds a whole padded block of every rank);
+    as many tokens or more in 1 GiB, which holds few whole chunks of every
+    group (tens of MiB each)."""
+    archs = {a.name: a for a in demo.architectures.ARCHITECTURES}
+    seen = set()
     for (arch, tp, dcp), row in rows.items():
-        series = row["0.33.0+series"]
-        assert not row["0.33.0"]["group_copies"]
-        if series["group_copies"]:
-            with_group_copies.add(arch)
-            assert not series["layer_copies"]
-            assert series["host_bytes_per_token"] == pytest.approx(
-                row["limit_bytes_per_token"], rel=0.01
-            ), (arch, tp, dcp)
-            assert len(series["layer_classes"]) > 1
-            # Better than the release wherever it keeps more than one copy.
-            assert series["tokens_per_gib"] > row["0.33.0"]["tokens_per_gib"]
-    assert with_group_copies == set(HYBRIDS)
+        if arch not in HYBRIDS:
+            continue
+        seen.add(arch)
+        series, release = row[SERIES_034], row[RELEASE]
+        units = series["host_layout"]["group_units"]
+        assert len(units) == series["offloaded_groups"] > 1
+        assert series["host_bytes_per_token"] == pytest.approx(
+            row["limit_bytes_per_token"], rel=0.01
+        ), (arch, tp, dcp)
+        assert series["host_bytes_per_token"] < release["host_bytes_per_token"]
+        assert series["tokens_per_gib"] >= release["tokens_per_gib"], (arch, tp)
+        # A class per number of pieces the layers split into (one at TP 1,
+        # and for 2 KV heads at TP 2).
+        pieces = {
+            demo.architectures.distinct_shards(kind, archs[arch], tp, dcp)
+            for kind in archs[arch].layers
+        }
+        assert len(series["layer_classes"]) == len(pieces), (arch, tp)
+    assert seen == set(HYBRIDS)
 
 
-def test_033_series_keeps_what_the_release_already_dedups(rows):
-    # MLA-style models: 0.33.0 itself keeps one copy; the series keeps that.
+def test_034_series_keeps_what_the_release_already_dedups(rows):
+    # MLA-style models: 0.34.0 itself keeps one copy; the series keeps that,
+    # the same row where the model has one group, less where a
+    # DeepSeek-V4-like model's two groups share host units.
     for (arch, tp, dcp), row in rows.items():
         if arch in MLA_ONLY and dcp == 1 and tp > 1:
-            assert row["0.33.0"]["host_copies"] == 1, (arch, tp)
-            assert _cpu_offloading(row["0.33.0+series"]) == _cpu_offloading(
-                row["0.33.0"]
-            ), (arch, tp)
+            release, series = row[RELEASE], row[SERIES_034]
+            assert release["host_copies"] == series["host_copies"] == 1, (arch, tp)
+            assert release["replicated_layout"] and series["replicated_layout"]
+            if release["offloaded_groups"] == 1:
+                for k in ("host_bytes_per_token", "tokens_per_gib"):
+                    assert series[k] == release[k], (arch, tp, k)
+            else:
+                assert series["tokens_per_gib"] > release["tokens_per_gib"]
 
 
-def _cpu_offloading(result: dict) -> dict:
-    """What CPUOffloadingSpec reserves (the canonical layout, and the replica
-    groups and layer classes, which the release does not plan, apart: see
-    test_layer_classes_need_what_each_layer_splits_into; and the busiest
-    rank's store traffic, which the series spreads over the ranks sharing a
-    copy: see test_store_traffic_is_one_page_per_copy)."""
-    return {
-        k: v
-        for k, v in result.items()
-        if k
-        not in (
-            "canonical",
-            "kv_tp_replica_groups",
-            "layer_classes",
-            "busiest_rank_store_bytes_per_token",
-        )
-    }
-
-
-def test_033_unproven_replication_is_unchanged(rows):
-    # Where the 0.33.0 series proves no two ranks identical, it offloads
-    # exactly as the release.
+def test_034_unproven_replication_is_unchanged(rows):
+    # Where the 0.34.0 series shares nothing (every layer's copy is a
+    # rank's own) in a model of one group, its host layout is 0.34.0's row.
     for key, row in rows.items():
-        series = row["0.33.0+series"]
-        if (
-            series["kv_tp_replicas"] == 1
-            and not series["kv_tp_replica_groups"]
-            and not series["layer_copies"]
-            and not series["group_copies"]
-        ):
-            assert _cpu_offloading(row["0.33.0+series"]) == _cpu_offloading(
-                row["0.33.0"]
-            ), key
+        series, release = row[SERIES_034], row[RELEASE]
+        classes = series["layer_classes"]
+        if len(classes) == 1 and classes[0]["copies"] == key[1]:
+            assert series["kv_tp_replicas"] == 1
+            if series["offloaded_groups"] == 1:
+                for k in ("host_copies", "host_bytes_per_token", "tokens_per_gib"):
+                    assert series[k] == release[k], (key, k)
 
 
-def test_033_series_canonical_layout_agrees_on_both_sides(rows):
+def test_034_series_canonical_layout_agrees_on_both_sides(rows):
     # The release's scheduler and workers may size the canonical layout
     # differently; with the series they never do.
     for key, row in rows.items():
-        assert row["0.33.0+series"]["canonical"]["agree"], key
-    assert any(not row["0.33.0"]["canonical"]["agree"] for row in rows.values())
+        assert row[SERIES_034]["canonical"]["agree"], key
+    assert any(not row[RELEASE]["canonical"]["agree"] for row in rows.values())
 
 
-def _mean_limit(row: dict, pieces: dict[int, int]) -> float:
-    """The physical limit from one rank's bytes per token, when every layer's
-    page is the same size (a hybrid's pages are padded to one size): the mean
-    distinct pieces of the layers, or of a hybrid's KV cache groups (a chunk
-    of tokens is a chunk of every group), `pieces` {count: layers or
-    groups}."""
-    n = sum(pieces.values())
-    distinct = sum(count * k for count, k in pieces.items()) / n
-    return row["0.33.0+series"]["worker_bytes_per_token"] * distinct
+def _state_bytes(model_dir: str, tp: int) -> int:
+    """One rank's linear-attention state of a hybrid, counted from its
+    published config (bench/models) by the model's math, independently of
+    vLLM's code: the convolution's last kernel - 1 inputs of the rank's
+    channels (bf16) and the recurrent state of its heads (bf16 for gated
+    DeltaNet, float32 for Mamba2 and KDA, as vLLM keeps them on a GPU)."""
+    config = demo.architectures.published_config(model_dir)
+    if model_dir == "qwen3-next-like":
+        dk, dv = config["linear_key_head_dim"], config["linear_value_head_dim"]
+        hk, hv = config["linear_num_key_heads"], config["linear_num_value_heads"]
+        conv = (2 * hk * dk + hv * dv) // tp * (config["linear_conv_kernel_dim"] - 1)
+        return 2 * conv + 2 * (hv // tp) * dk * dv
+    if model_dir == "nemotron-nano-like":
+        heads, dim = config["mamba_num_heads"], config["mamba_head_dim"]
+        state = config["ssm_state_size"]
+        channels = heads * dim + 2 * config["n_groups"] * state
+        conv = channels // tp * (config["conv_kernel"] - 1)
+        return 2 * conv + 4 * (heads // tp) * dim * state
+    if model_dir == "kimi-linear-like":
+        kda = config["linear_attn_config"]
+        heads, dim = kda["num_heads"], kda["head_dim"]
+        conv = 3 * heads * dim // tp * (kda["short_conv_kernel_size"] - 1)
+        return 2 * conv + 4 * (heads // tp) * dim * dim
+    raise ValueError(model_dir)
 
 
 def test_realistic_mixes_against_an_independent_count_of_distinct_kv(rows):
@@ -428,75 +522,74 @@ def test_realistic_mixes_against_an_independent_count_of_distinct_kv(rows):
     # Qwen3-235B-like (94 layers, 4 KV heads) with an 8-head draft at TP 8.
     row = rows[("Qwen3-235B-like + EAGLE-3 draft (8 KV heads)", 8, 1)]
     assert row["limit_bytes_per_token"] == (94 * 4 + 8) * 512
-    # Hybrids, TP 8: each state is per rank (8 pieces), each attention layer
-    # has 2 KV heads; vLLM pads every page to one size and groups the layers
-    # in KV cache groups of as many layers as the model has attention layers
-    # (the last group of state padded), each group's chunk one block.
-    row = rows[("Qwen3.5/Qwen3-Next-like (3 GDN : 1 attention, 2 KV heads)", 8, 1)]
-    assert row["limit_bytes_per_token"] == pytest.approx(
-        _mean_limit(row, {8: 36, 2: 12})
-    )
-    assert row["limit_bytes_per_token"] == pytest.approx(
-        _mean_limit(row, {8: 3, 2: 1})
-    )
-    # 27 Mamba2 layers in 7 groups of 4, 4 attention layers in one.
-    row = rows[("Nemotron-Nano-like (Mamba2 hybrid, 2 KV heads)", 8, 1)]
-    assert row["limit_bytes_per_token"] == pytest.approx(
-        _mean_limit(row, {8: 7, 2: 1})
-    )
-    # Kimi-Linear-like: 20 KDA layers (per rank) in 3 groups of 7, 7 MLA
-    # layers (one latent for all ranks) in one, at TP 8 and 16.
+    # DeepSeek-V4-like: 43 layers of a compressed latent (512 bf16 dims a
+    # state of 4 tokens: 16384 bytes a 64-token block), its indexer (132
+    # bytes a state: 2112) and the sliding-window cache (512 bf16 dims a
+    # token: 65536), all the same on every rank.
+    row = rows[("DeepSeek-V4-like (MLA + indexer + SWA)", 8, 1)]
+    assert row["limit_bytes_per_token"] == 43 * (16384 + 2112 + 65536) / 64
+    # Hybrids: each state is per rank (TP pieces), each attention layer has
+    # its KV heads (or one MLA latent); a chunk of tokens holds a state of
+    # every state layer (a block of the tokens vLLM picks) and every
+    # attention layer's KV of those tokens.
+    for tp in (2, 8):
+        row = rows[("Qwen3.5/Qwen3-Next-like (3 GDN : 1 attention, 2 KV heads)", tp, 1)]
+        tokens = row[SERIES_034]["tokens_per_chunk"]
+        state = 36 * tp * _state_bytes("qwen3-next-like", tp)
+        attention = 12 * 2 * (2 * 256 * 2) * tokens
+        assert row["limit_bytes_per_token"] == (state + attention) / tokens
+        row = rows[("Nemotron-Nano-like (Mamba2 hybrid, 2 KV heads)", tp, 1)]
+        tokens = row[SERIES_034]["tokens_per_chunk"]
+        state = 27 * tp * _state_bytes("nemotron-nano-like", tp)
+        attention = 4 * 2 * (2 * 128 * 2) * tokens
+        assert row["limit_bytes_per_token"] == (state + attention) / tokens
     for tp in (8, 16):
         row = rows[("Kimi-Linear-like (3 KDA : 1 MLA)", tp, 1)]
-        assert row["limit_bytes_per_token"] == pytest.approx(
-            _mean_limit(row, {tp: 3, 1: 1})
-        )
+        tokens = row[SERIES_034]["tokens_per_chunk"]
+        state = 20 * tp * _state_bytes("kimi-linear-like", tp)
+        assert row["limit_bytes_per_token"] == (state + 7 * 1152 * tokens) / tokens
+    # The Mamba hybrid's state: 3 x 10240 bf16 inputs and 128 heads of
+    # 64 x 128 float32 state, sharded by TP; 12 MLA layers.
+    row = rows[("MLA + Mamba hybrid", 8, 1)]
+    state = 36 * 8 * (2 * 3 * 10240 // 8 + 4 * 128 // 8 * 64 * 128)
+    assert row["limit_bytes_per_token"] == (state + 12 * 1152 * 64) / 64
 
 
 def test_canonical_column_is_what_each_release_decides_on_each_side(rows):
-    # 0.33.0's canonical layout on a target with a draft at TP 8: its
+    # 0.34.0's canonical layout on a target with a draft at TP 8: its
     # scheduler sees one spec per group (MLA) and keeps one host copy, its
     # workers eight; with the series both sides keep eight.
     row = rows[("DeepSeek-V3 + EAGLE-3 draft (8 KV heads)", 8, 1)]
-    release = row["0.33.0"]["canonical"]
+    release = row[RELEASE]["canonical"]
     assert (release["worker"]["host_copies"], release["scheduler"]["host_copies"]) == (
         8,
         1,
     )
     assert not release["agree"]
-    series = row["0.33.0+series"]["canonical"]
+    series = row[SERIES_034]["canonical"]
     assert series["agree"] and series["worker"]["host_copies"] == 8
     # Where every layer is MLA, the canonical layout keeps one copy on both.
-    for tree in ("0.33.0", "0.33.0+series"):
+    for tree in (RELEASE, SERIES_034):
         canonical = rows[("DeepSeek-V3 (MLA)", 8, 1)][tree]["canonical"]
         assert canonical["agree"] and canonical["worker"]["host_copies"] == 1
 
 
 def test_store_traffic_is_one_page_per_copy(rows):
+    # With the 0.34.0 series every copy of every layer is written once per
+    # chunk, each distinct piece of KV once, so the ranks together write the
+    # limit; the ranks holding a copy take turns, so every rank writes its
+    # share.
     for key, row in rows.items():
-        tp = key[1]
-        for tree in demo.LABELS:
-            r = row[tree]
-            if r["layer_copies"] or r["group_copies"]:
-                # Each layer's (each group's) copies written once, every
-                # distinct piece of KV once, and the ranks of each replica
-                # group take turns.
-                assert r["store_bytes_per_token"] == pytest.approx(
-                    row["limit_bytes_per_token"], rel=0.01
-                ), key
-                assert r["busiest_rank_store_bytes_per_token"] * tp == (
-                    pytest.approx(r["store_bytes_per_token"])
-                ), key
-                continue
-            assert r["store_bytes_per_token"] == (
-                r["host_copies"] * r["worker_bytes_per_token"]
-            ), (key, tree)
-            # With the 0.33.0 series the ranks sharing a host copy (equal
-            # groups at these TP sizes) take turns writing it; elsewhere one
-            # rank writes each copy whole.
-            turns = tp // r["host_copies"] if tree == "0.33.0+series" else 1
-            busiest = r["busiest_rank_store_bytes_per_token"]
-            assert busiest * turns == r["worker_bytes_per_token"], (key, tree)
+        series = row[SERIES_034]
+        assert series["store_bytes_per_token"] == pytest.approx(
+            row["limit_bytes_per_token"], rel=1e-9
+        ), key
+        assert series["busiest_rank_store_bytes_per_token"] * key[1] == (
+            pytest.approx(series["store_bytes_per_token"])
+        ), key
+        # The other trees have no host layout to read it from.
+        for tree in demo.LABELS[:-1]:
+            assert "store_bytes_per_token" not in row[tree], (key, tree)
 
 
 def test_the_chart_shows_the_summary(all_rows, tmp_path):
@@ -507,8 +600,8 @@ def test_the_chart_shows_the_summary(all_rows, tmp_path):
     drawn = json.loads(Image.open(path).info["Description"])
     for row in demo.summary_rows(list(all_rows.values())):
         numbers = drawn[row["arch"]]
-        assert numbers["vLLM 0.33.0"] == row["0.33.0"]["tokens_per_gib"]
-        assert numbers["0.33.0 + series"] == row["0.33.0+series"]["tokens_per_gib"]
+        assert numbers["vLLM 0.34.0"] == row[RELEASE]["tokens_per_gib"]
+        assert numbers["0.34.0 + series"] == row[SERIES_034]["tokens_per_gib"]
     # The README's chart is this one (regenerate it with
     # `make demo ARGS="--plot docs/demo-summary.png"`).
     readme_chart = json.loads(
@@ -518,32 +611,28 @@ def test_the_chart_shows_the_summary(all_rows, tmp_path):
 
 
 def test_layer_classes_need_what_each_layer_splits_into(rows, all_rows):
-    """Per class of layers (equal replica groups, planned per layer by the
-    0.33.0 series), the host copies the class needs are the distinct pieces
-    each of its layers splits into by the model's math, every layer counted
-    once. Where one host layout serves every class (the hybrids), it keeps
-    never fewer copies than any class needs; where each class keeps its own
-    (layer_copies), the page-weighted average lies between the fewest and
-    the most. Only the mixes have more than one class, and the
-    release plans none."""
+    """Per class of layers (equal replica groups, laid out per layer by the
+    0.34.0 series' host layout), the host copies the class keeps are the
+    distinct pieces each of its layers splits into by the model's math,
+    every layer counted once; the page-weighted average lies between the
+    fewest and the most. Only the mixes have more than one class, and the
+    release lays out none."""
     archs = {a.name: a for a in demo.architectures.ARCHITECTURES}
     mixed = set()
     for (name, tp, dcp), row in rows.items():
-        arch, series = archs[name], row["0.33.0+series"]
-        assert row["0.33.0"]["layer_classes"] is None
+        arch, series = archs[name], row[SERIES_034]
+        assert row[RELEASE]["layer_classes"] is None
         counted: dict[str, int] = {}
         for layer_class in series["layer_classes"]:
+            groups = layer_class["replica_groups"]
+            assert len(groups) == tp and len(set(groups)) == layer_class["copies"]
             for what, count in layer_class["layers"].items():
                 kind = what.split()[0]
                 pieces = demo.architectures.distinct_shards(kind, arch, tp, dcp)
                 assert layer_class["copies"] == pieces, (name, tp, dcp, what)
                 counted[kind] = counted.get(kind, 0) + count
-            if not (series["layer_copies"] or series["group_copies"]):
-                assert series["host_copies"] >= layer_class["copies"]
-        if series["layer_copies"] or series["group_copies"]:
-            # Each class keeps its own: between the fewest and the most.
-            needs = [c["copies"] for c in series["layer_classes"]]
-            assert min(needs) <= series["host_copies"] <= max(needs)
+        needs = [c["copies"] for c in series["layer_classes"]]
+        assert min(needs) <= series["host_copies"] <= max(needs)
         caches = {"dsv32": 2, "dsv4": 3}
         assert counted == {
             kind: arch.layers.count(kind) * caches.get(kind, 1)
@@ -556,11 +645,11 @@ def test_layer_classes_need_what_each_layer_splits_into(rows, all_rows):
     text = io.StringIO()
     with contextlib.redirect_stdout(text):
         demo.print_summary(list(all_rows.values()))
-    classes = text.getvalue().split("in host units that all groups share:\n")[1]
+    classes = text.getvalue().split("a chunk of every group takes:\n")[1]
     assert [line.split(", TP ")[0].strip() for line in classes.splitlines()] == [
         a.name for a in demo.architectures.ARCHITECTURES if a.name in mixed
     ]
     assert (
         "  DeepSeek-V3 + EAGLE-3 draft (8 KV heads), TP 8: 1 for 61 mla layers, "
-        "8 for 1 draft layer; each class keeps its own" in classes.splitlines()
+        "8 for 1 draft layer" in classes.splitlines()
     )

@@ -12,7 +12,6 @@ that fails for the listed reason from one that fails on an assertion.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path

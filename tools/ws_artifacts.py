@@ -75,7 +75,10 @@ class ArtifactsMixin:
             fields["ruff"],
             tuple(fields.get("uninstall", "").split()),
             tuple(fields.get("unavailable", "").split()),
-            tuple(_assignment(item, self.lock_file) for item in fields.get("test_env", "").split()),
+            tuple(
+                _assignment(item, self.lock_file)
+                for item in fields.get("test_env", "").split()
+            ),
         )
 
     def test_environ(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -216,7 +216,10 @@ class ChecksMixin:
     def _run_steps(self, steps: list[list], cwd: Path, env: dict[str, str]) -> bool:
         """Run each step; print the whole output of a failing one, else its tail."""
         # tools/pre_commit/mypy.py calls `mypy` from PATH.
-        env = {**env, "PATH": f"{self.mypy_venv / 'bin'}:{env.get('PATH', os.environ.get('PATH', ''))}"}
+        env = {
+            **env,
+            "PATH": f"{self.mypy_venv / 'bin'}:{env.get('PATH', os.environ.get('PATH', ''))}",
+        }
         ok = True
         for cmd in steps:
             start = time.monotonic()
