@@ -54,7 +54,8 @@ stage_upstream_tests() {  # base
   while read -r g paths; do
     read -ra suites <<<"$paths"
     (cd "$tree" && eval "$(python3 "$ROOT/tools/ws.py" --base "$base" test-env)" &&
-       "$py" -m pytest -p no:cacheprovider -q -rfE --timeout=900 \
+       PYTHONPATH=$ROOT/tools "$py" -m pytest -p no:cacheprovider \
+       -p checks_last_test -q -rfE --timeout=900 \
        "${deselect[@]}" "${suites[@]}") >"$logs/$g.log" 2>&1 &
     pids+=("$!")
   done <<<"$groups"
@@ -91,9 +92,43 @@ stage_e2e() {
   "$ROOT/.venv-$FIRST/bin/python" e2e/run.py
 }
 
-run_stage() {  # name function [base]
-  local start=$SECONDS
-  "${@:2}"; record "$1" $? $((SECONDS - start))
+# Each stage runs under a wall-clock limit of its own, in seconds: about
+# twice what it takes on a fresh clone of this machine kind (README), so that
+# a process that never exits (a failed test's children left waiting) fails
+# its stage within the limit instead of holding `make test` past CI's 90
+# minutes. CHECKS_LIMIT=<seconds> sets every stage's limit.
+stage_limit() {  # function
+  if [ -n "${CHECKS_LIMIT:-}" ]; then echo "$CHECKS_LIMIT"; return; fi
+  case $1 in
+    stage_series) echo 300 ;;
+    stage_lint) echo 900 ;;
+    stage_each | stage_each_before_suites) echo 1800 ;;
+    stage_upstream_tests) echo 1800 ;;
+    stage_project_tests) echo 1800 ;;
+    stage_e2e) echo 900 ;;
+    *) echo 1800 ;;
+  esac
+}
+
+# A stage is this script again (`--stage`), in a process group of its own
+# under timeout(1), which on expiry signals the whole group: every process
+# the stage started (pytest's children included), then SIGKILL 20 s later.
+# The pytest runs name each test as it starts (tools/checks_last_test.py).
+run_stage() {  # name command...
+  local start=$SECONDS limit rc last test
+  limit=$(stage_limit "$2")
+  last=$(mktemp)
+  CHECKS_LAST_TEST=$last timeout -k 20 "$limit" bash "$ROOT/tools/checks.sh" --stage "${@:2}"
+  rc=$?
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    test=$(cat "$last")
+    echo "!!! $1: stopped at its limit of $limit s, every process of the stage killed; last test started: ${test:-none}"
+    RESULTS+=("FAIL  $1 (stopped at its limit of $limit s; last test started: ${test:-none})")
+    status=1
+  else
+    record "$1" $rc $((SECONDS - start))
+  fi
+  rm -f "$last"
 }
 
 per_base() {  # name function
@@ -101,6 +136,10 @@ per_base() {  # name function
 }
 
 case "${1:-all}" in
+  # One stage of a run above (run_stage): its function or command.
+  --stage) "${@:2}"; exit ;;
+  # Any command as a stage, under the same guard: stage NAME COMMAND...
+  stage) run_stage "$2" "${@:3}" ;;
   lint) per_base lint stage_lint ;;
   check-each) per_base "each patch on its own" stage_each ;;
   upstream-tests) per_base "vLLM suites" stage_upstream_tests ;;
@@ -114,7 +153,7 @@ case "${1:-all}" in
     run_stage "project tests" stage_project_tests
     run_stage "end to end" stage_e2e
     ;;
-  *) echo "usage: $0 [all|lint|check-each|upstream-tests|project-tests|e2e]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|lint|check-each|upstream-tests|project-tests|e2e|stage NAME COMMAND...]" >&2; exit 2 ;;
 esac
 
 echo "=== summary"

@@ -182,7 +182,8 @@ class ChecksMixin:
         if tests:
             # Without vLLM's per-test global cleanup (see PYTEST_PLUGIN).
             steps.append([self.python, "-m", "pytest", "-p", "no:cacheprovider",
-                          "-p", PYTEST_PLUGIN.stem, "-q", *tests])  # fmt: skip
+                          "-p", PYTEST_PLUGIN.stem, "-p", "checks_last_test",
+                          "-q", *tests])  # fmt: skip
         pythonpath = f"{tree}:{PYTEST_PLUGIN.parent}"
         env = {**self.test_environ(), "PYTHONPATH": pythonpath}
         return self._run_steps(steps, tree, env)

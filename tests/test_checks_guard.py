@@ -1,0 +1,97 @@
+"""tools/checks.sh runs every stage under a time limit of its own: a stage
+whose processes never exit is stopped, all of them, within its limit, and
+reported with the test it was in, and the summary still prints."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A test that passes but leaves a non-daemon child waiting forever, as a
+# multi-process test that fails before signalling its children does:
+# pytest writes its summary, then waits for the child at exit, forever.
+HANGING_TEST = """
+import multiprocessing
+import os
+import time
+
+
+def _wait_forever(path):
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(3600)
+
+
+def test_leaves_a_child_waiting():
+    child = multiprocessing.get_context("fork").Process(
+        target=_wait_forever, args=(os.environ["GUARD_CHILD_PID"],)
+    )
+    child.start()
+    while os.path.getsize(os.environ["GUARD_CHILD_PID"]) == 0:
+        time.sleep(0.05)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead, waiting for its parent to read its status.
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split(")")[-1].split()[0] != "Z"
+
+
+def test_a_stage_that_never_exits_is_stopped_at_its_limit(tmp_path):
+    test_file = tmp_path / "test_hang.py"
+    test_file.write_text(HANGING_TEST)
+    pid_file = tmp_path / "child.pid"
+    pid_file.write_text("")
+    limit = 15
+    env = {
+        **os.environ,
+        "CHECKS_LIMIT": str(limit),
+        "GUARD_CHILD_PID": str(pid_file),
+        "PYTHONPATH": str(ROOT / "tools"),
+    }
+    start = time.monotonic()
+    res = subprocess.run(
+        ["bash", "tools/checks.sh", "stage", "hanging stage",
+         sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "-p", "checks_last_test", str(test_file)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    took = time.monotonic() - start
+    out = res.stdout
+    assert res.returncode != 0, out
+    # The test passed, and then the stage hung: what the limit is for.
+    assert "1 passed" in out, out
+    assert (
+        f"FAIL  hanging stage (stopped at its limit of {limit} s; last test "
+        f"started: {test_file.name}::test_leaves_a_child_waiting)"
+    ) in out.replace(str(tmp_path) + "/", ""), out
+    assert out.rstrip().splitlines()[-2] == "=== summary", out
+    # Within the limit, the grace before SIGKILL and the script's start.
+    assert took < limit + 20 + 30, took
+    # Every process of the stage is gone, the waiting child too.
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid), f"the stage's child {pid} outlived it"
+
+
+def test_a_stage_that_ends_is_recorded_as_before():
+    res = subprocess.run(
+        ["bash", "tools/checks.sh", "stage", "quick stage", "true"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.rstrip().splitlines()[-1].startswith("PASS  quick stage ("), (
+        res.stdout
+    )
