@@ -12,6 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import deselected
 from ws_common import (
     WsError,
     _digest,
@@ -51,6 +52,7 @@ class ChecksMixin:
         # The result depends only on these inputs: skip a re-run that could
         # only repeat the last pass.
         inputs = [self.lock_file, self.base_dir / "mypy.txt",
+                  self.base_dir / "deselected.txt", Path(deselected.__file__),
                   *sorted((self.root / "requirements").glob("*.txt")),
                   *TOOLING, self.series_file, *(self.patches / n for n in series)]  # fmt: skip
         cache = self.root / ".cache"
@@ -180,10 +182,16 @@ class ChecksMixin:
             tests = [f for f in tests if f not in left]
         steps = self._lint_steps(files)
         if tests:
-            # Without vLLM's per-test global cleanup (see PYTEST_PLUGIN).
+            # Without vLLM's per-test global cleanup (see PYTEST_PLUGIN), and
+            # without what cannot run here (bases/V/deselected.txt).
+            deselect = [
+                arg
+                for node, _ in deselected.entries(self.base)
+                for arg in ("--deselect", node)
+            ]
             steps.append([self.python, "-m", "pytest", "-p", "no:cacheprovider",
                           "-p", PYTEST_PLUGIN.stem, "-p", "checks_last_test",
-                          "-q", *tests])  # fmt: skip
+                          "-q", *deselect, *tests])  # fmt: skip
         pythonpath = f"{tree}:{PYTEST_PLUGIN.parent}"
         env = {**self.test_environ(), "PYTHONPATH": pythonpath}
         return self._run_steps(steps, tree, env)
