@@ -4,7 +4,9 @@ reported with the test it was in, and the summary still prints."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -95,3 +97,41 @@ def test_a_stage_that_ends_is_recorded_as_before():
     assert res.stdout.rstrip().splitlines()[-1].startswith("PASS  quick stage ("), (
         res.stdout
     )
+
+
+def test_region_files_a_stage_leaves_are_removed(tmp_path):
+    """A KV offload region file that a stage's tests leave in /dev/shm (no
+    process maps or holds it) is removed after the stage and named; one that
+    a live process holds open stays, as do those that were there before."""
+    tag = f"guard-test-{os.getpid()}"
+    before = Path(f"/dev/shm/vllm_offload_{tag}-before.mmap")
+    left = Path(f"/dev/shm/vllm_offload_{tag}-left.mmap")
+    held = Path(f"/dev/shm/vllm_offload_{tag}-held.mmap")
+    pid_file = tmp_path / "holder.pid"
+    before.write_text("")
+    # The stage leaves one file behind, and starts a process of its own
+    # session that outlives it holding another open.
+    stage = (
+        f'echo data > "{left}"; '
+        f'setsid bash -c \'echo $$ > "{pid_file}"; exec 3>"{held}"; '
+        f"exec sleep 60' >/dev/null 2>&1 & "
+        f'while [ ! -e "{held}" ]; do sleep 0.1; done'
+    )
+    try:
+        res = subprocess.run(
+            ["bash", "tools/checks.sh", "stage", "leaky stage", "bash", "-c", stage],
+            cwd=ROOT, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert (
+            f"--- leaky stage: removed 1 KV offload region file(s) its tests "
+            f"left in /dev/shm: {left}"
+        ) in res.stdout, res.stdout
+        assert not left.exists()
+        assert held.exists() and before.exists()
+    finally:
+        if pid_file.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        for path in (before, left, held):
+            path.unlink(missing_ok=True)

@@ -110,14 +110,29 @@ stage_limit() {  # function
   esac
 }
 
+# KV offload regions (/dev/shm/vllm_offload_*) that are not in $1 (those
+# there before the stage) and that no process maps or holds open: left by a
+# test that did not clean up after itself.
+left_regions() {  # regions-before
+  local f
+  for f in /dev/shm/vllm_offload_*; do
+    [ -e "$f" ] || continue
+    grep -qxF -- "$f" <<<"$1" && continue
+    grep -qsF -- "$f" /proc/[0-9]*/maps && continue
+    [ -n "$(find /proc/[0-9]*/fd -lname "$f" -print -quit 2>/dev/null)" ] && continue
+    echo "$f"
+  done
+}
+
 # A stage is this script again (`--stage`), in a process group of its own
 # under timeout(1), which on expiry signals the whole group: every process
 # the stage started (pytest's children included), then SIGKILL 20 s later.
 # The pytest runs name each test as it starts (tools/checks_last_test.py).
 run_stage() {  # name command...
-  local start=$SECONDS limit rc last test
+  local start=$SECONDS limit rc last test before left
   limit=$(stage_limit "$2")
   last=$(mktemp)
+  before=$(compgen -G '/dev/shm/vllm_offload_*')
   CHECKS_LAST_TEST=$last timeout -k 20 "$limit" bash "$ROOT/tools/checks.sh" --stage "${@:2}"
   rc=$?
   if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
@@ -129,6 +144,11 @@ run_stage() {  # name command...
     record "$1" $rc $((SECONDS - start))
   fi
   rm -f "$last"
+  mapfile -t left < <(left_regions "$before")
+  if [ ${#left[@]} -gt 0 ]; then
+    echo "--- $1: removed ${#left[@]} KV offload region file(s) its tests left in /dev/shm: ${left[*]}"
+    rm -f -- "${left[@]}"
+  fi
 }
 
 per_base() {  # name function
