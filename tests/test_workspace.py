@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import ws
 import ws_artifacts
+import ws_install
 
 ORIGINAL = "def answer():\n    return 41\n\n\ndef other():\n    return 0\n"
 HIP_SOURCE = "def hip():\n    return 0\n"
@@ -460,6 +461,8 @@ def installed(workspace, monkeypatch, extensions: str | None) -> dict[str, bytes
                 path.write_bytes(data)
 
     monkeypatch.setattr(workspace, "_precompiled_install", precompiled_install)
+    # The stand-in tree has no environment to byte-compile.
+    monkeypatch.setattr(workspace, "_compile_optimized_bytecode", lambda: None)
     workspace.install(extensions)
     return {
         str(p.relative_to(workspace.tree)): p.read_bytes()
@@ -595,3 +598,22 @@ def test_wheel_of_a_tree_with_unexported_work_is_refused(workspace):
     commit_change(workspace.tree, "changed", "changed again", "[Core] Change")
     with pytest.raises(ws.WsError, match="commits that are not in patches/9.9.9"):
         wheels.build_wheel(workspace)
+
+
+def test_install_byte_compiles_for_python_o_once(workspace, monkeypatch):
+    """install writes the -O bytecode of the environment and the tree once:
+    vLLM 0.34.0's tests import vLLM in a `python -O` process under 60 s."""
+    commands = []
+
+    def run(cmd, **kwargs):
+        commands.append([str(c) for c in cmd])
+        return subprocess.CompletedProcess(cmd, 0, stdout="/site-packages\n")
+
+    monkeypatch.setattr(ws_install, "run", run)
+    workspace.venv.mkdir(parents=True, exist_ok=True)
+    workspace._compile_optimized_bytecode()
+    compiled = [c[-1] for c in commands if c[1:4] == ["-O", "-m", "compileall"]]
+    assert compiled == ["/site-packages", str(workspace.tree / "vllm")]
+    commands.clear()
+    workspace._compile_optimized_bytecode()
+    assert commands == []
