@@ -450,22 +450,12 @@ class Index:
         """A cache layer whose class builds its spec (in code it has or
         inherits) with a constant max_tp_shards, or declares TP-replicated
         Mamba state."""
-        for owner in self.mro(ref):
-            found = [
-                node
-                for name, node in self.members(owner)
-                if name == "is_kv_cache_tp_replicated"
-            ]
-            if found:
-                returns = [
-                    r for n in found for r in ast.walk(n) if isinstance(r, ast.Return)
-                ]
-                if returns and all(
-                    isinstance(r.value, ast.Constant) and r.value.value is True
-                    for r in returns
-                ):
-                    return True
-                break
+        _, found = self.definition(ref, "is_kv_cache_tp_replicated")
+        returns = [r for n in found for r in ast.walk(n) if isinstance(r, ast.Return)]
+        if returns and all(
+            isinstance(r.value, ast.Constant) and r.value.value is True for r in returns
+        ):
+            return True
         for _, node in self.view(ref):
             for sub in ast.walk(node):
                 if isinstance(sub, ast.keyword) and isinstance(sub.value, ast.Constant):
@@ -479,17 +469,19 @@ class Index:
     def spec_takes_kv_proj(self, ref: Ref) -> bool:
         """An Attention (subclass) whose spec carries what kv_proj proves: the
         spec Attention builds, or an override that passes max_tp_shards."""
+        owner, found = self.definition(ref, "get_kv_cache_spec")
+        return bool(found) and (
+            owner == ATTENTION or any(_mentions(n, "max_tp_shards") for n in found)
+        )
+
+    def definition(self, ref: Ref, member: str) -> tuple[Ref | None, list[ast.AST]]:
+        """The first class of `ref`'s MRO that defines `member`, and its
+        definitions there; (None, []) where none does."""
         for owner in self.mro(ref):
-            found = [
-                node
-                for name, node in self.members(owner)
-                if name == "get_kv_cache_spec"
-            ]
+            found = [node for name, node in self.members(owner) if name == member]
             if found:
-                return owner == ATTENTION or any(
-                    _mentions(n, "max_tp_shards") for n in found
-                )
-        return False
+                return owner, found
+        return None, []
 
     def withdrawals(self, ref: Ref) -> list[tuple[Ref, bool]]:
         """Where class or function `ref` calls `declare_kv_proj(None)`: (the
