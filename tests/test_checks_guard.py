@@ -1,6 +1,8 @@
-"""tools/checks.sh runs every stage under a time limit of its own: a stage
-whose processes never exit is stopped, all of them, within its limit, and
-reported with the test it was in, and the summary still prints."""
+"""tools/checks.sh runs every stage under a time limit of its own, and
+stops one whose tests have gone idle: a stage whose processes never exit is
+stopped, all of them, within its limit (or once no test started or ended for
+the idle limit), and reported with the test it was in, and the summary
+still prints."""
 
 from __future__ import annotations
 
@@ -50,21 +52,22 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split(")")[-1].split()[0] != "Z"
 
 
-def test_a_stage_that_never_exits_is_stopped_at_its_limit(tmp_path):
+def _run_hanging_stage(tmp_path, name: str, limits: dict[str, str]):
+    """HANGING_TEST as the stage `name` of tools/checks.sh, under `limits`
+    (its CHECKS_* variables): (the run, its seconds, the test file)."""
     test_file = tmp_path / "test_hang.py"
     test_file.write_text(HANGING_TEST)
     pid_file = tmp_path / "child.pid"
     pid_file.write_text("")
-    limit = 15
     env = {
         **os.environ,
-        "CHECKS_LIMIT": str(limit),
+        **limits,
         "GUARD_CHILD_PID": str(pid_file),
         "PYTHONPATH": str(ROOT / "tools"),
     }
     start = time.monotonic()
     res = subprocess.run(
-        ["bash", "tools/checks.sh", "stage", "hanging stage",
+        ["bash", "tools/checks.sh", "stage", name,
          sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
          "-p", "checks_last_test", str(test_file)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
@@ -72,24 +75,52 @@ def test_a_stage_that_never_exits_is_stopped_at_its_limit(tmp_path):
     took = time.monotonic() - start
     out = res.stdout
     assert res.returncode != 0, out
-    # The test passed, and then the stage hung: what the limit is for.
+    # The test passed, and then the stage hung: what the limits are for.
     assert "1 passed" in out, out
-    # pytest names the test from its rootdir, which depends on the paths.
-    assert re.search(
-        rf"^FAIL  hanging stage \(stopped at its limit of {limit} s; last test "
-        rf"started: \S*{test_file.name}::test_leaves_a_child_waiting\)$",
-        out,
-        re.M,
-    ), out
     assert out.rstrip().splitlines()[-2] == "=== summary", out
-    # Within the limit, the grace before SIGKILL and the script's start.
-    assert took < limit + 20 + 30, took
     # Every process of the stage is gone, the waiting child too.
     pid = int(pid_file.read_text())
     deadline = time.monotonic() + 10
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(pid), f"the stage's child {pid} outlived it"
+    return res, took, test_file
+
+
+def test_a_stage_that_never_exits_is_stopped_at_its_limit(tmp_path):
+    limit = 15
+    res, took, test_file = _run_hanging_stage(
+        tmp_path, "hanging stage", {"CHECKS_LIMIT": str(limit)}
+    )
+    # pytest names the test from its rootdir, which depends on the paths.
+    assert re.search(
+        rf"^FAIL  hanging stage \(stopped at its limit of {limit} s; last test "
+        rf"started: \S*{test_file.name}::test_leaves_a_child_waiting\)$",
+        res.stdout,
+        re.M,
+    ), res.stdout
+    # Within the limit, the grace before SIGKILL and the script's start.
+    assert took < limit + 20 + 30, took
+
+
+def test_a_stage_whose_tests_went_idle_is_stopped_early(tmp_path):
+    """The same hang under a generous wall-clock limit: the watchdog stops
+    it once no test started or ended for the idle limit."""
+    idle = 10
+    res, took, test_file = _run_hanging_stage(
+        tmp_path,
+        "idle stage",
+        {"CHECKS_LIMIT": "600", "CHECKS_IDLE_LIMIT": str(idle)},
+    )
+    assert re.search(
+        rf"^FAIL  idle stage \(idle for {idle} s, stopped; last test: "
+        rf"\S*{test_file.name}::test_leaves_a_child_waiting\)$",
+        res.stdout,
+        re.M,
+    ), res.stdout
+    # Far from the 600 s limit: the idle limit, the watchdog's poll, the
+    # test's own start.
+    assert took < idle + 2 + 20 + 60, took
 
 
 def test_a_stage_that_ends_is_recorded_as_before():

@@ -93,21 +93,31 @@ stage_e2e() {
 }
 
 # Each stage runs under a wall-clock limit of its own, in seconds: about
-# twice what it takes on a fresh clone of this machine kind (README), so that
-# a process that never exits (a failed test's children left waiting) fails
-# its stage within the limit instead of holding `make test` past CI's 90
-# minutes. CHECKS_LIMIT=<seconds> sets every stage's limit.
+# twice what it takes on a fresh clone on a machine of this kind busy with
+# another 2-core job (there, 0.34.0's each-patch stage took 20 min and its
+# suites over 30, against 6 and 10 on a quiet one; README). What stops a
+# hang early is the idle limit below; the wall-clock limit is the backstop.
+# CHECKS_LIMIT=<seconds> sets every stage's limit.
 stage_limit() {  # function
   if [ -n "${CHECKS_LIMIT:-}" ]; then echo "$CHECKS_LIMIT"; return; fi
   case $1 in
     stage_series) echo 300 ;;
-    stage_lint) echo 900 ;;
-    stage_each | stage_each_before_suites) echo 1800 ;;
-    stage_upstream_tests) echo 1800 ;;
-    stage_project_tests) echo 1800 ;;
+    stage_lint) echo 1800 ;;
+    stage_each | stage_each_before_suites) echo 3600 ;;
+    stage_upstream_tests) echo 3600 ;;
+    stage_project_tests) echo 3600 ;;
     stage_e2e) echo 900 ;;
-    *) echo 1800 ;;
+    *) echo 3600 ;;
   esac
+}
+
+# A stage whose tests have run, and where no test has then started or ended
+# for this many seconds, has hung (a process that never exits, such as a
+# failed test's children left waiting): it is stopped then, well before its
+# wall-clock limit and CI's 90 minutes. pytest's own --timeout (900 s) stops
+# a single test first. CHECKS_IDLE_LIMIT=<seconds> sets it.
+idle_limit() {
+  echo "${CHECKS_IDLE_LIMIT:-900}"
 }
 
 # KV offload regions (/dev/shm/vllm_offload_*) that are not in $1 (those
@@ -127,16 +137,36 @@ left_regions() {  # regions-before
 # A stage is this script again (`--stage`), in a process group of its own
 # under timeout(1), which on expiry signals the whole group: every process
 # the stage started (pytest's children included), then SIGKILL 20 s later.
-# The pytest runs name each test as it starts (tools/checks_last_test.py).
+# The pytest runs mark each test as it starts and ends
+# (tools/checks_last_test.py); a watchdog stops the group the same way once
+# that mark is older than the idle limit.
 run_stage() {  # name command...
-  local start=$SECONDS limit rc last test before left
+  local start=$SECONDS limit idle rc last test before left pid idled=0
   limit=$(stage_limit "$2")
+  idle=$(idle_limit)
   last=$(mktemp)
   before=$(compgen -G '/dev/shm/vllm_offload_*')
-  CHECKS_LAST_TEST=$last timeout -k 20 "$limit" bash "$ROOT/tools/checks.sh" --stage "${@:2}"
+  CHECKS_LAST_TEST=$last timeout -k 20 "$limit" bash "$ROOT/tools/checks.sh" --stage "${@:2}" &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 2
+    if [ -s "$last" ] && [ $(($(date +%s) - $(stat -c %Y "$last"))) -ge "$idle" ]; then
+      # timeout(1) leads the stage's process group.
+      idled=1
+      kill -TERM -- -"$pid" 2>/dev/null
+      for _ in {1..20}; do kill -0 "$pid" 2>/dev/null && sleep 1; done
+      kill -KILL -- -"$pid" 2>/dev/null
+      break
+    fi
+  done
+  wait "$pid"
   rc=$?
-  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-    test=$(cat "$last")
+  test=$(cat "$last")
+  if [ "$idled" -eq 1 ]; then
+    echo "!!! $1: no test started or ended for $idle s, every process of the stage killed; last test: ${test:-none}"
+    RESULTS+=("FAIL  $1 (idle for $idle s, stopped; last test: ${test:-none})")
+    status=1
+  elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
     echo "!!! $1: stopped at its limit of $limit s, every process of the stage killed; last test started: ${test:-none}"
     RESULTS+=("FAIL  $1 (stopped at its limit of $limit s; last test started: ${test:-none})")
     status=1
