@@ -13,7 +13,7 @@ WS := $(PYTHON) tools/ws.py $(if $(BASE),--base $(BASE))
 EXTENSIONS ?=
 
 .PHONY: all setup fetch tree install export check-series lint check-each \
-	upstream-tests project-tests e2e test demo wheel
+	upstream-tests project-tests e2e test demo bench wheel
 
 all: install
 
@@ -60,6 +60,14 @@ e2e: install
 demo:
 	@$(MAKE) --no-print-directory install >&2
 	@. tools/testenv.sh && python bench/demo.py $(ARGS)
+
+# What users buy: prefix-cache hit rate and TTFT on generated traces,
+# replayed through the real scheduler of vLLM 0.34.0 as released and with
+# its series (bench/bench.py); `make bench ARGS=--json`, or
+# `make bench ARGS="--plot docs/bench-hit-rate.png"`.
+bench:
+	@$(MAKE) --no-print-directory install BASE=0.34.0 >&2
+	@. tools/testenv.sh && python bench/bench.py $(ARGS)
 
 # A wheel of vLLM V with its series and the release's CUDA extensions, for
 # GPU machines: dist/vllm-V+tprep.<series digest>-*.whl (tools/wheels.py).
