@@ -25,6 +25,22 @@ from dataclasses import dataclass
 
 TP_SIZES = (1, 2, 4, 8, 16)
 DCP_SIZES = (1, 2, 4, 8)
+# The hosts a TP group spans, at each TP size: one host of up to 8 GPUs (an
+# HGX H100/H200 node); TP 16 also as two such hosts and as four hosts of 4
+# (GB200 NVL72 trays), besides a 16-GPU host.
+HOSTS = {16: (1, 2, 4)}
+# GPUs per host in the deployments people run: the summary's shape.
+GPUS_PER_HOST = 8
+
+
+def hosts_of(tp: int) -> tuple[int, ...]:
+    """The numbers of hosts the demo measures TP ``tp`` on."""
+    return HOSTS.get(tp, (1,))
+
+
+def shape(tp: int, hosts: int) -> str:
+    """A deployment as hosts x GPUs per host."""
+    return f"{hosts} x {tp // hosts}"
 
 
 @dataclass(frozen=True)
@@ -40,6 +56,11 @@ class Arch:
     head_dim: int = 128
     # bench/models/<model_dir>/config.json: a hybrid's published config.
     model_dir: str | None = None
+
+    @property
+    def usual_hosts(self) -> int:
+        """The hosts its usual TP size spans, of GPUS_PER_HOST GPUs each."""
+        return max(1, self.usual_tp // GPUS_PER_HOST)
 
     def kv_heads_of(self, kind: str) -> int | None:
         return {"gqa": self.kv_heads, "draft": DRAFT_KV_HEADS}.get(kind)
@@ -151,21 +172,38 @@ ARCHITECTURES = (
 )
 
 
-def distinct_shards(kind: str, arch: Arch, tp: int, dcp: int) -> int:
+def distinct_shards(kind: str, arch: Arch, tp: int, dcp: int, hosts: int = 1) -> int:
     """Into how many distinct pieces one layer's KV splits over `tp` ranks,
-    by the model's math (not by what vLLM declares): MLA-style caches are the
-    same on every rank, GQA has one piece per KV head (at most one per rank),
-    a head-sharded Mamba state one per rank; DCP splits attention KV by token
-    over `dcp` ranks on top."""
+    by the model's math (not by what vLLM declares), counted once on each of
+    `hosts` hosts (consecutive ranks, an equal number on each) that holds a
+    part of it: MLA-style caches are the same on every rank, GQA has one
+    piece per KV head (at most one per rank: runs of tp / kv_heads ranks hold
+    one), a head-sharded Mamba state one per rank; DCP splits attention KV by
+    token over `dcp` ranks on top (rank r holds token shard r % dcp, within
+    each run of a GQA head)."""
     if kind in ("mla", "dsv32", "dsv4"):
-        return dcp
-    if kind in ("gqa", "draft"):
+
+        def piece(rank: int) -> object:
+            return rank % dcp
+    elif kind in ("gqa", "draft"):
         heads = arch.kv_heads_of(kind)
         assert heads is not None
-        return min(tp, heads) * dcp
-    if kind in ("mamba", "linear"):
-        return tp
-    raise ValueError(kind)
+
+        def piece(rank: int) -> object:
+            if tp <= heads:
+                return rank
+            return rank // (tp // heads), rank % dcp
+    elif kind in ("mamba", "linear"):
+
+        def piece(rank: int) -> object:
+            return rank
+    else:
+        raise ValueError(kind)
+    per_host = tp // hosts
+    return sum(
+        len({piece(rank) for rank in range(host * per_host, (host + 1) * per_host)})
+        for host in range(hosts)
+    )
 
 
 def wanted(name: str, tp: int, models: list[str] | None, tps: list[int] | None) -> bool:

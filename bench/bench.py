@@ -2,7 +2,7 @@
 token, with vLLM 0.34.0 as released and with this project's series.
 
 For each deployment of the demo (bench/architectures.py, at its usual TP
-size) and each workload of bench/workloads.py, replays the trace through
+size, on hosts of 8 GPUs: TP 16 on two) and each workload of bench/workloads.py, replays the trace through
 the real scheduler of each tree (bench/replay.py: vLLM's Scheduler, the
 OffloadingConnector's scheduler side, the tree's own CPUOffloadingSpec and
 manager), at each host memory size, and with an unbounded host cache (the
@@ -79,6 +79,7 @@ def jobs(models, workload_names, policies, tokens) -> dict[str, list[dict]]:
                     {
                         "arch": arch.name,
                         "tp": arch.usual_tp,
+                        "hosts": arch.usual_hosts,
                         "workload": name,
                         "seed": SEED,
                         "target_tokens": tokens,
@@ -205,16 +206,20 @@ def _ms(s: float) -> str:
     return f"{1000 * s:,.0f}"
 
 
+def _shape(row: dict) -> str:
+    return architectures.shape(row["tp"], row.get("hosts", 1))
+
+
 def print_summary(rows: list[dict], policy: str) -> None:
     print(
         "Prompt tokens served from cache (GPU prefix cache + host memory) and "
         f"time to first token,\nvLLM {RELEASE} as released -> with the series, "
-        f"at each model's usual TP size ({policy.upper()}):\n"
+        f"at each model's usual TP size, on hosts of 8 GPUs ({policy.upper()}):\n"
     )
     width = max(len(r["arch"]) for r in rows)
     sizes = " ".join(f"{_size(s):>13}" for s in HOST_SIZES)
     head = (
-        f"{'model':<{width}} {'TP':>3} {'workload':<8} | {sizes} {'unbounded':>9} | "
+        f"{'model':<{width}} {'hosts':>6} {'workload':<8} | {sizes} {'unbounded':>9} | "
         f"{'TTFT p50 ms':>15} {'TTFT p90 ms':>15}"
     )
     print(head)
@@ -227,14 +232,15 @@ def print_summary(rows: list[dict], policy: str) -> None:
         r = row[RELEASE][f"{policy}@{TTFT_SIZE}"]
         s = row[SERIES][f"{policy}@{TTFT_SIZE}"]
         print(
-            f"{row['arch']:<{width}} {row['tp']:>3} {row['workload']:<8} | "
+            f"{row['arch']:<{width}} {_shape(row):>6} {row['workload']:<8} | "
             + " ".join(f"{c:>13}" for c in cells)
             + f" {_pct(_hits(row['unbounded'])):>9} | "
             f"{_ms(r['ttft_p50_s']):>6} -> {_ms(s['ttft_p50_s']):>5} "
             f"{_ms(r['ttft_p90_s']):>6} -> {_ms(s['ttft_p90_s']):>5}"
         )
     print(
-        f"\nHost sizes: the deployment's cpu_bytes_to_use; unbounded: a host "
+        f"\nhosts: hosts x GPUs per host, TP over all of them. Host sizes: the "
+        f"deployment's\ncpu_bytes_to_use, all hosts together; unbounded: a host "
         f"cache that never evicts\n(the ceiling). TTFT at {_size(TTFT_SIZE)}: "
         f"each request's host hits loaded over PCIe 5 x16, then\nits computed "
         f"tokens at the {costs.ACCELERATOR}s' peak (bench/costs.py; no "
@@ -252,7 +258,7 @@ def print_detail(rows: list[dict], policies) -> None:
     )
     for row in rows:
         print(
-            f"\n{row['arch']}, TP {row['tp']}, {row['workload']}: "
+            f"\n{row['arch']}, TP {row['tp']} ({_shape(row)}), {row['workload']}: "
             f"{row['sessions']} sessions, 1/{row['slice']:.1f} of the "
             f"deployment's ({row['sessions_per_s_full']:.2f} sessions/s over "
             f"{row['span_s']:.0f} s, the first {row['warmup_s']:.0f} s not "
@@ -311,7 +317,7 @@ def plot(rows: list[dict], path: Path, policy: str) -> None:
                 )
                 numbers[f"{arch}|{row['workload']}|{label}"] = ys
             ax.axhline(_hits(row["unbounded"]), color=color, alpha=0.3, lw=3)
-        ax.set_title(f"{arch}, TP {mine[0]['tp']}", fontsize=8)
+        ax.set_title(f"{arch}, TP {mine[0]['tp']} ({_shape(mine[0])})", fontsize=8)
         ax.set_xscale("log", base=2)
         ax.set_xticks(xs, [_size(s) for s in HOST_SIZES], fontsize=7)
         ax.set_ylim(0, 1)

@@ -127,12 +127,15 @@ def recorded_033() -> dict[tuple[str, int, int], dict]:
     return {(r["arch"], r["tp"], r["dcp"]): r for r in rows}
 
 
-def _recorded_row(recorded: dict | None, trees: dict[str, dict]) -> dict:
+def _recorded_row(recorded: dict | None, trees: dict[str, dict], hosts: int) -> dict:
     """The 0.33.0 series' row in this demo's accounting. Its demo counted a
     chunk of tokens as one chunk of an average KV cache group; a chunk of
     every group is as many of those as the model offloads groups: the same
     number in 0.30.0 and 0.34.0, and in 0.33.0, whose rows record a rank's
-    block of one group as one of them has it."""
+    block of one group as one of them has it. Its demo measured one host
+    only: nothing for several."""
+    if hosts > 1:
+        return {"host_bytes_per_token": None}
     if recorded is None:
         raise SystemExit(f"{RECORDED_FILE.relative_to(ROOT)} has no row for this case")
     if "unsupported" in recorded:
@@ -154,11 +157,13 @@ def merge(results: dict[str, dict]) -> list[dict]:
     recorded = recorded_033()
     rows = []
     for per_tree in zip(*(results[t]["rows"] for t in LABELS), strict=True):
-        keys = {(r["arch"], r["tp"], r["dcp"]) for r in per_tree}
+        keys = {(r["arch"], r["tp"], r["dcp"], r["hosts"]) for r in per_tree}
         assert len(keys) == 1, keys  # every tree measures the same cases
-        arch, tp, dcp = keys.pop()
+        arch, tp, dcp, hosts = keys.pop()
         trees = {
-            tree: {k: v for k, v in r.items() if k not in ("arch", "tp", "dcp")}
+            tree: {
+                k: v for k, v in r.items() if k not in ("arch", "tp", "dcp", "hosts")
+            }
             for tree, r in zip(LABELS, per_tree, strict=True)
         }
         # The limit is the model's, in the blocks its base picks: every tree
@@ -168,16 +173,17 @@ def merge(results: dict[str, dict]) -> list[dict]:
             limits = {
                 trees[t].get("limit_bytes_per_token") for t, b, _ in TREES if b == base
             }
-            assert len(limits) == 1, (arch, tp, dcp, base, limits)
+            assert len(limits) == 1, (arch, tp, dcp, hosts, base, limits)
         row = {
             "arch": arch,
             "tp": tp,
             "dcp": dcp,
+            "hosts": hosts,
             # The current base's limit.
             "limit_bytes_per_token": trees[SERIES].get("limit_bytes_per_token"),
             **trees,
         }
-        row[RECORDED] = _recorded_row(recorded.get((arch, tp, dcp)), trees)
+        row[RECORDED] = _recorded_row(recorded.get((arch, tp, dcp)), trees, hosts)
         rows.append(row)
     return rows
 
@@ -191,9 +197,18 @@ def _ok(row: dict) -> bool:
 
 
 def summary_rows(rows: list[dict]) -> list[dict]:
-    """One row per model: at the TP size it is usually served at, DCP 1."""
-    usual = {a.name: a.usual_tp for a in architectures.ARCHITECTURES}
-    return [r for r in rows if r["dcp"] == 1 and r["tp"] == usual.get(r["arch"])]
+    """One row per model: at the TP size it is usually served at, on the hosts
+    of 8 GPUs that size spans (TP 16: two), DCP 1."""
+    usual = {a.name: (a.usual_tp, a.usual_hosts) for a in architectures.ARCHITECTURES}
+    return [
+        r
+        for r in rows
+        if r["dcp"] == 1 and (r["tp"], r["hosts"]) == usual.get(r["arch"])
+    ]
+
+
+def _shape(row: dict) -> str:
+    return architectures.shape(row["tp"], row["hosts"])
 
 
 def _tokens(n: float) -> str:
@@ -205,12 +220,13 @@ def print_summary(rows: list[dict]) -> None:
     in 1 GiB of cpu_bytes_to_use, vLLM 0.34.0 against 0.34.0 with the series
     and the physical limit, and the series against the 0.33.0 series."""
     print(
-        "Offloaded tokens per GiB of host memory (cpu_bytes_to_use), at each "
-        "model's usual TP size:\n"
+        "Offloaded tokens per GiB of host memory (cpu_bytes_to_use, all hosts "
+        "together), at each model's\nusual TP size, on hosts of 8 GPUs "
+        "(hosts x GPUs per host):\n"
     )
     width = max(len(a.name) for a in architectures.ARCHITECTURES)
     head = (
-        f"{'model':<{width}} {'TP':>3} | {'0.34.0':>8} {'canonical':>9} "
+        f"{'model':<{width}} {'TP':>3} {'hosts':>6} | {'0.34.0':>8} {'canonical':>9} "
         f"{'series':>8} {'limit':>8} | {'gain':>6} {'of limit':>8} | "
         f"{'vs 0.33.0 series':>16}"
     )
@@ -223,27 +239,33 @@ def print_summary(rows: list[dict]) -> None:
         canonical = release["canonical"]["worker"]["tokens_per_gib"]
         limit = GiB / row["limit_bytes_per_token"]
         previous = row[RECORDED]["host_bytes_per_token"]
+        versus = (
+            "-"
+            if previous is None
+            else f"{previous / series['host_bytes_per_token']:.2f}x"
+        )
         print(
-            f"{row['arch']:<{width}} {row['tp']:>3} | "
+            f"{row['arch']:<{width}} {row['tp']:>3} {_shape(row):>6} | "
             f"{_tokens(release['tokens_per_gib']):>8} {_tokens(canonical):>9} "
             f"{_tokens(series['tokens_per_gib']):>8} {_tokens(limit):>8} | "
             f"{release['host_bytes_per_token'] / series['host_bytes_per_token']:>5.2f}x "
             f"{row['limit_bytes_per_token'] / series['host_bytes_per_token']:>7.0%} | "
-            f"{previous / series['host_bytes_per_token']:>15.2f}x"
+            f"{versus:>16}"
         )
     print(
         "\n0.34.0: vLLM 0.34.0 as released (CPUOffloadingSpec); canonical: its "
         "canonical layout\n(TieringOffloadingSpec, canonical_layout), upstream's "
         "strongest configuration; series: 0.34.0\nwith this project's series; "
-        "limit: every distinct piece of KV stored once; gain: series over\n"
+        "limit: every distinct piece of KV stored once on each host that\n"
+        "holds a part of it; hosts: hosts x GPUs per host; gain: series over\n"
         "0.34.0; of limit: how close the series gets (both ratios of host bytes "
         "per token: the\ntoken columns count the whole chunks that fit in 1 GiB, "
         "and a chunk of a hybrid's Mamba state\ntakes over 100 MiB); vs 0.33.0 "
         "series: the "
         "0.33.0 series' host bytes\nper token (bench/results/0.33.0-series.json, "
-        "its last demo) over the 0.34.0 series'. A chunk of\ntokens is a chunk "
-        "of every offloaded KV cache group, in every column (earlier demos "
-        "counted\none group's chunk, which overstated models with several "
+        "its last demo, of one host:\n- on several) over the 0.34.0 series'. A "
+        "chunk of tokens is a chunk of every offloaded KV cache\ngroup, in "
+        "every column (earlier demos counted one group's chunk, which\noverstated models with several "
         "groups: DeepSeek-V4-like, the hybrids).\nEvery model at every TP and "
         "DCP size follows."
     )
@@ -276,7 +298,43 @@ def print_summary(rows: list[dict]) -> None:
                 f"; {sum(layout['group_units'])} units of "
                 f"{layout['unit_bytes'] / 2**20:.2f} MiB"
             )
-        print(f"  {row['arch']}, TP {row['tp']}: {needs}{units}")
+        on = f" ({_shape(row)}; copies per host)" if row["hosts"] > 1 else ""
+        print(f"  {row['arch']}, TP {row['tp']}{on}: {needs}{units}")
+
+
+def print_hosts(rows: list[dict]) -> None:
+    """Each model at TP 16 on one host and over several (DCP 1): tokens per
+    GiB of cpu_bytes_to_use, all hosts together, vLLM 0.34.0 against the
+    series and the limit counted per host."""
+    several = [r for r in rows if r["hosts"] > 1 and r["dcp"] == 1 and _ok(r)]
+    if not several:
+        return
+    print(
+        "\nTP 16 on one host of 16 GPUs and over several hosts (DCP 1): "
+        "offloaded tokens per GiB of\ncpu_bytes_to_use (all hosts together), "
+        "0.34.0 -> series (limit); each host keeps its own\nworkers' copies, "
+        "one per replica group on the host:"
+    )
+    width = max(len(r["arch"]) for r in several)
+    shapes = sorted({r["hosts"] for r in rows if r["tp"] == 16})
+    print(
+        f"  {'model':<{width}} | "
+        + " | ".join(f"{architectures.shape(16, h):^27}" for h in shapes)
+    )
+    by_key = {(r["arch"], r["tp"], r["dcp"], r["hosts"]): r for r in rows}
+    for arch in dict.fromkeys(r["arch"] for r in several):
+        cells = []
+        for hosts in shapes:
+            row = by_key.get((arch, 16, 1, hosts))
+            if row is None or not _ok(row):
+                cells.append(f"{'-':^27}")
+                continue
+            cells.append(
+                f"{_tokens(row[RELEASE]['tokens_per_gib']):>6} -> "
+                f"{_tokens(row[SERIES]['tokens_per_gib']):>6} "
+                f"({_tokens(GiB / row['limit_bytes_per_token']):>6})   "
+            )
+        print(f"  {arch:<{width}} | " + " | ".join(cells))
 
 
 def plot_summary(rows: list[dict], path: Path) -> None:
@@ -287,7 +345,7 @@ def plot_summary(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     lines = [r for r in summary_rows(rows) if _ok(r)]
-    names = [f"{r['arch']}, TP {r['tp']}" for r in lines]
+    names = [f"{r['arch']}, TP {r['tp']} ({_shape(r)})" for r in lines]
     series = {
         "vLLM 0.34.0": [r[RELEASE]["tokens_per_gib"] for r in lines],
         "0.34.0 canonical layout": [
@@ -308,7 +366,9 @@ def plot_summary(rows: list[dict], path: Path) -> None:
     )
     ax.set_yticks(range(len(lines)), names, fontsize=8)
     ax.invert_yaxis()
-    ax.set_title("KV offloading, at each model's usual TP size", fontsize=10)
+    ax.set_title(
+        "KV offloading, at each model's usual TP size, on hosts of 8 GPUs", fontsize=10
+    )
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2)
     fig.tight_layout()
     # The numbers drawn, so that a chart can be checked against the demo's.
@@ -335,18 +395,18 @@ def print_table(rows: list[dict]) -> None:
     kib_short = (*short[:3], "series", *short[3:], "limit")
     kib_w = 9 * len(kib_short) - 1
     header = (
-        f"{'TP':>3} {'DCP':>3} | {'host copies':^{copies_w}} | "
+        f"{'TP':>3} {'DCP':>3} {'hosts':>6} | {'host copies':^{copies_w}} | "
         f"{'host KiB per offloaded token':^{kib_w}} | {'series/limit':^13} | "
         f"{'canonical':^9} | {'store KiB':^13}"
     )
     bases = (
-        f"{'':>3} {'':>3} | {'0.30.0':<{sum(widths[:3]) + 3}}"
+        f"{'':>3} {'':>3} {'':>6} | {'0.30.0':<{sum(widths[:3]) + 3}}"
         f"{'0.34.0':<{sum(widths[3:]) + 1}} | {'0.30.0':<27}{'0.33.0':<9}"
         f"{'0.34.0':<{kib_w - 36}} "
         f"| {'0.30.0':>6} {'0.34.0':>6} | {'0.34.0':^9} | {'0.34.0 series':^13}"
     )
     sub = (
-        f"{'':>3} {'':>3} | "
+        f"{'':>3} {'':>3} {'':>6} | "
         + " ".join(f"{s:>{w}}" for s, w in zip(short, widths))
         + " | "
         + " ".join(f"{s:>8}" for s in kib_short)
@@ -357,7 +417,7 @@ def print_table(rows: list[dict]) -> None:
         if row["arch"] != arch:
             arch = row["arch"]
             print(f"\n{arch}\n{header}\n{bases}\n{sub}\n{'-' * len(header)}")
-        lead = f"{row['tp']:>3} {row['dcp']:>3} | "
+        lead = f"{row['tp']:>3} {row['dcp']:>3} {_shape(row):>6} | "
         unsupported = [
             f"{t}: {row[t]['unsupported']}" for t in LABELS if "unsupported" in row[t]
         ]
@@ -367,7 +427,7 @@ def print_table(rows: list[dict]) -> None:
         trees = [row[t] for t in LABELS]
         copies = " ".join(f"{t['host_copies']:>{w}}" for w, t in zip(widths, trees))
         kib = " ".join(
-            f"{_kib(t['host_bytes_per_token']):>8}"
+            f"{'-' if t['host_bytes_per_token'] is None else _kib(t['host_bytes_per_token']):>8}"
             for t in (*trees[:3], row[RECORDED], *trees[3:])
         )
         # Each series over the limit in its own base's blocks.
@@ -402,13 +462,16 @@ def print_table(rows: list[dict]) -> None:
         "a chunk of EVERY offloaded\nKV cache group: the releases, the seed and "
         "the 0.30.0 series take a row (every copy of a\nworker's block) per "
         "group's chunk, the 0.34.0 series the host units of each group's chunk "
-        "in its\nhost layout. host copies: of each offloaded chunk, one per "
-        "group of TP ranks that hold\nidentical KV (with a decimal point: "
+        "in its\nhost layout. hosts: hosts x GPUs per host; the releases and "
+        "the 0.30.0 trees share nothing\nacross hosts, the 0.34.0 series keeps "
+        "each host's copies in a region of its own. host copies:\nof each "
+        "offloaded chunk, on all hosts together, one per group of TP ranks on "
+        "one host that hold\nidentical KV (with a decimal point: "
         "averaged over the layers, weighted by their pages, where\neach layer "
         "keeps its own copies). limit: every distinct piece of KV stored once, "
         "padding\nexcluded (each layer's page: MLA-style caches once, GQA once "
-        "per KV head, Mamba state once\nper rank, DCP token shards each once), "
-        "in 0.34.0's blocks; series/limit: host bytes of each\nseries over the "
+        "per KV head, Mamba state once\nper rank, DCP token shards each once; "
+        "on each host that holds a part of it), in 0.34.0's blocks; series/limit: host bytes of each\nseries over the "
         "limit in its own base's blocks (0.30.0 picks other blocks for the "
         "Qwen3.5- and\nNemotron-like hybrids; alignment shows as a little over "
         "1). canonical: host copies of\n0.34.0's canonical layout "
@@ -447,6 +510,7 @@ def main() -> int:
         print()
     else:
         print_summary(rows)
+        print_hosts(rows)
         print_table(rows)
     return 0
 

@@ -295,9 +295,11 @@ def _offloading_vllm_config(
     dcp: int,
     extra_config: dict[str, Any] | None = None,
     block_size: int | None = None,
+    hosts: int = 1,
 ) -> Any:
     """The configuration build_offloading_config reads, as upstream's tests
-    build it: a real ParallelConfig on a stand-in VllmConfig."""
+    build it: a real ParallelConfig on a stand-in VllmConfig; the mp
+    executor on `hosts` nodes."""
     from vllm.config import KVTransferConfig, ParallelConfig
     from vllm.platforms import current_platform
 
@@ -320,6 +322,8 @@ def _offloading_vllm_config(
             decode_context_parallel_size=dcp,
             distributed_executor_backend="mp",
         )
+    # As `--nnodes`: set after validation, which asks for the nodes' address.
+    config.parallel_config.nnodes = hosts
     config.kv_events_config = None
     config.use_v2_model_runner = False
     config.kv_transfer_config = KVTransferConfig(
@@ -382,14 +386,17 @@ def _row_copies(spec) -> int:
 
 
 def _host_copies(spec) -> int | float:
-    """Host copies of each offloaded chunk: a row's (one per rank, one per
-    replica group, or one for all), or, read off a host layout, the copies of
-    each layer weighted by its page (an int where every layer keeps as many)."""
+    """Host copies of each offloaded chunk, on all hosts together: a row's
+    (one per rank, one per replica group, or one for all), or, read off a
+    host layout, the copies of each layer weighted by its page (an int where
+    every layer keeps as many), in each host's region."""
     layout = _host_layout(spec)
     if layout is None:
         return _row_copies(spec)
     layers = [layer for group in layout.group_layers for layer in group]
-    held = sum(len(layer.offsets) * layer.page_bytes for layer in layers)
+    held = _regions(spec) * sum(
+        len(layer.offsets) * layer.page_bytes for layer in layers
+    )
     pages = sum(layer.page_bytes for layer in layers)
     copies = held / pages
     return int(copies) if copies == int(copies) else round(copies, 2)
@@ -411,7 +418,9 @@ def _host_bytes(spec, offloading, tokens_per_chunk: int) -> dict[str, Any]:
             layout.unit_bytes,
         )
         units = sum(layout.group_units)
-    per_chunk = units * spec.kv_bytes_per_chunk
+    # Where each host keeps its workers' copies in a region of its own (the
+    # 0.34.0 series on several hosts), a chunk takes its units on each.
+    per_chunk = units * spec.kv_bytes_per_chunk * _regions(spec)
     tokens_per_gib = spec.num_chunks // units * tokens_per_chunk
     assert tokens_per_gib == GiB // per_chunk * tokens_per_chunk, (units, per_chunk)
     return {
@@ -422,13 +431,20 @@ def _host_bytes(spec, offloading, tokens_per_chunk: int) -> dict[str, Any]:
     }
 
 
-def _store_traffic(layout, world_size: int, tokens_per_chunk: int):
+def _regions(spec) -> int:
+    """The host regions laid out alike, one per host where each host keeps
+    its own workers' copies (the 0.34.0 series on several hosts), else 1."""
+    return getattr(spec, "hosts", 1)
+
+
+def _store_traffic(layout, world_size: int, tokens_per_chunk: int, regions: int):
     """Device-to-host bytes per offloaded token under a host layout, of all
     ranks together and of the busiest rank: each copy of each layer is
     written once per chunk, its writers (LayerCopies.writers) taking turns
     chunk by chunk, so that over many chunks each writes 1/len(writers) of
-    them."""
-    ranks = [0.0] * world_size
+    them; the layout is each of `regions` regions', whose workers (world_size
+    // regions) hold copies of their own."""
+    ranks = [0.0] * (world_size // regions)
     total = 0
     for group in layout.group_layers:
         for layer in group:
@@ -439,7 +455,7 @@ def _store_traffic(layout, world_size: int, tokens_per_chunk: int):
                 total += chunk
                 for rank in writers:
                     ranks[rank] += chunk / len(writers)
-    return total / tokens_per_chunk, max(ranks) / tokens_per_chunk
+    return total * regions / tokens_per_chunk, max(ranks) / tokens_per_chunk
 
 
 def _offloaded_layers(kv_cache_config, offloading) -> list[list[tuple[str, Any]]]:
@@ -481,23 +497,28 @@ def _kind(arch: architectures.Arch, name: str) -> tuple[str, str]:
 
 
 def _limit_bytes_per_chunk(
-    arch: architectures.Arch, layers, tp: int, dcp: int, blocks_per_chunk: int
+    arch: architectures.Arch,
+    layers,
+    tp: int,
+    dcp: int,
+    blocks_per_chunk: int,
+    hosts: int,
 ) -> int:
     """The physical limit, the distinct bytes the model's layers hold per
-    chunk of tokens: over every offloaded group and each of its layers, the
-    layer's page without padding, for each block of the chunk, times the
-    distinct pieces it splits into by the model's math
-    (architectures.distinct_shards)."""
+    chunk of tokens, counted on each host that needs them: over every
+    offloaded group and each of its layers, the layer's page without padding,
+    for each block of the chunk, times the distinct pieces it splits into by
+    the model's math on each of `hosts` hosts (architectures.distinct_shards)."""
     return sum(
         _layer_page_bytes(spec)
         * blocks_per_chunk
-        * architectures.distinct_shards(_kind(arch, name)[0], arch, tp, dcp)
+        * architectures.distinct_shards(_kind(arch, name)[0], arch, tp, dcp, hosts)
         for group in layers
         for name, spec in group
     )
 
 
-def measure(arch: architectures.Arch, tp: int, dcp: int) -> dict[str, Any]:
+def measure(arch: architectures.Arch, tp: int, dcp: int, hosts: int) -> dict[str, Any]:
     from vllm.config import VllmConfig
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (
         build_offloading_config,
@@ -521,7 +542,8 @@ def measure(arch: architectures.Arch, tp: int, dcp: int) -> dict[str, Any]:
     kv_cache_config = configs[0]
 
     offloading = build_offloading_config(
-        _offloading_vllm_config(arch, tp, dcp, block_size=block_size), kv_cache_config
+        _offloading_vllm_config(arch, tp, dcp, block_size=block_size, hosts=hosts),
+        kv_cache_config,
     )
     with patch.object(CPUOffloadingSpec, "_uses_shared_region", return_value=True):
         spec = CPUOffloadingSpec(offloading)
@@ -560,11 +582,11 @@ def measure(arch: architectures.Arch, tp: int, dcp: int) -> dict[str, Any]:
         / tokens_per_block,
         # The physical limit: every distinct piece of KV stored once.
         "limit_bytes_per_token": _limit_bytes_per_chunk(
-            arch, layers, tp, dcp, blocks_per_chunk
+            arch, layers, tp, dcp, blocks_per_chunk, hosts
         )
         / tokens_per_chunk,
         "canonical": _canonical_layout(
-            arch, tp, dcp, configs, tokens_per_chunk, block_size
+            arch, tp, dcp, configs, tokens_per_chunk, block_size, hosts
         ),
         "layer_classes": _layer_classes(arch, offloading, layout),
     }
@@ -579,7 +601,9 @@ def measure(arch: architectures.Arch, tp: int, dcp: int) -> dict[str, Any]:
         (
             row["store_bytes_per_token"],
             row["busiest_rank_store_bytes_per_token"],
-        ) = _store_traffic(layout, offloading.parallel.world_size, tokens_per_chunk)
+        ) = _store_traffic(
+            layout, offloading.parallel.world_size, tokens_per_chunk, _regions(spec)
+        )
     return row
 
 
@@ -612,7 +636,7 @@ def _layer_classes(arch: architectures.Arch, offloading, layout):
 
 
 def _canonical_layout(
-    arch, tp: int, dcp: int, configs, tokens_per_chunk: int, block_size: int
+    arch, tp: int, dcp: int, configs, tokens_per_chunk: int, block_size: int, hosts
 ):
     """What the tree's canonical CPU layout (TieringOffloadingSpec with
     canonical_layout, upstream's strongest configuration) reserves for a
@@ -637,6 +661,7 @@ def _canonical_layout(
             dcp,
             {"spec_name": "TieringOffloadingSpec", "canonical_layout": True},
             block_size,
+            hosts,
         )
         offloading = build_offloading_config(config, kv_cache_config)
         spec = TieringOffloadingSpec(offloading)
@@ -679,15 +704,21 @@ def main() -> int:
                     continue
                 if not architectures.wanted(arch.name, tp, args.model, args.tp):
                     continue
-                row: dict[str, Any] = {"arch": arch.name, "tp": tp, "dcp": dcp}
-                try:
-                    row.update(measure(arch, tp, dcp))
-                except Exception as e:
-                    reason = rejected_by_design(e)
-                    if reason is None:
-                        raise
-                    row["unsupported"] = reason
-                rows.append(row)
+                for hosts in architectures.hosts_of(tp):
+                    row: dict[str, Any] = {
+                        "arch": arch.name,
+                        "tp": tp,
+                        "dcp": dcp,
+                        "hosts": hosts,
+                    }
+                    try:
+                        row.update(measure(arch, tp, dcp, hosts))
+                    except Exception as e:
+                        reason = rejected_by_design(e)
+                        if reason is None:
+                            raise
+                        row["unsupported"] = reason
+                    rows.append(row)
     result = {"vllm": str(Path(vllm.__file__).parent.parent), "rows": rows}
     # vLLM logs to stdout, so the result goes to a file.
     args.out.write_text(json.dumps(result))

@@ -80,7 +80,7 @@ class ReplayCPUOffloadingSpec(CPUOffloadingSpec):
         layout (the 0.34.0 series), else a row per group."""
         layout = kv_tp_worker._host_layout(self)
         units = len(self.config.groups) if layout is None else sum(layout.group_units)
-        return units * self.kv_bytes_per_chunk
+        return units * self.kv_bytes_per_chunk * kv_tp_worker._regions(self)
 
 
 def _arch(name: str) -> architectures.Arch:
@@ -149,9 +149,11 @@ def build_scheduler(
     cpu_bytes: int,
     policy: str,
     max_model_len: int = MAX_MODEL_LEN,
+    hosts: int = 1,
 ):
     """vLLM's Scheduler with the OffloadingConnector, for the KV cache
-    plan_kv_cache plans, serving prompts of up to `max_model_len` tokens."""
+    plan_kv_cache plans, serving prompts of up to `max_model_len` tokens,
+    the TP ranks on `hosts` hosts (the mp executor's `--nnodes`)."""
     from vllm.config import (
         DeviceConfig,
         KVTransferConfig,
@@ -168,6 +170,8 @@ def build_scheduler(
         config.parallel_config = ParallelConfig(
             tensor_parallel_size=tp, distributed_executor_backend="mp"
         )
+    # Set after validation, which asks for the nodes' address.
+    config.parallel_config.nnodes = hosts
     config.scheduler_config = SchedulerConfig(
         max_num_seqs=256,
         max_num_batched_tokens=costs.MAX_NUM_BATCHED_TOKENS,
@@ -311,7 +315,13 @@ def replay(
     arch = _arch(job["arch"])
     tp = job["tp"]
     scheduler, kv_cache_config, _ = build_scheduler(
-        arch, tp, job["gpu_bytes"], cpu_bytes, policy, job["max_model_len"]
+        arch,
+        tp,
+        job["gpu_bytes"],
+        cpu_bytes,
+        policy,
+        job["max_model_len"],
+        job.get("hosts", 1),
     )
     compute = costs.COMPUTE[arch.name]
     rank_bytes_per_token = _rank_bytes_per_token(scheduler, kv_cache_config)
@@ -492,6 +502,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         1 << 30,
         "lru",
         job["max_model_len"],
+        job.get("hosts", 1),
     )
     spec = ReplayCPUOffloadingSpec.last
     assert spec is not None

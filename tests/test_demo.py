@@ -48,19 +48,35 @@ def make(*args: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def all_rows():
+def every_row():
     # stdout is the JSON alone: the set-up reports on stderr.
     rows = json.loads(make("demo", "ARGS=--json"))
-    return {(r["arch"], r["tp"], r["dcp"]): r for r in rows}
+    return {(r["arch"], r["tp"], r["dcp"], r["hosts"]): r for r in rows}
+
+
+@pytest.fixture(scope="module")
+def all_rows(every_row):
+    """The rows of one host, by (arch, TP, DCP)."""
+    return {k[:3]: r for k, r in every_row.items() if k[3] == 1}
+
+
+def _supported(rows: dict) -> dict:
+    return {
+        k: r
+        for k, r in rows.items()
+        if not any("unsupported" in r[t] for t in demo.LABELS)
+    }
 
 
 @pytest.fixture(scope="module")
 def rows(all_rows):
-    return {
-        k: r
-        for k, r in all_rows.items()
-        if not any("unsupported" in r[t] for t in demo.LABELS)
-    }
+    return _supported(all_rows)
+
+
+@pytest.fixture(scope="module")
+def host_rows(every_row):
+    """The supported rows of several hosts, by (arch, TP, DCP, hosts)."""
+    return _supported({k: r for k, r in every_row.items() if k[3] > 1})
 
 
 # Models whose layers all replicate alike (no draft or state of another kind).
@@ -92,12 +108,12 @@ HYBRIDS = (
 )
 
 
-def test_make_demo_prints_the_summary_then_the_table_of_these_numbers(all_rows):
+def test_make_demo_prints_the_summary_then_the_table_of_these_numbers(every_row):
     # Two models (the README's headlines), measured by the workers alone: a
     # filtered run prints exactly what the full run's JSON holds for them.
     models = ("DeepSeek-V3.2", "Qwen2.5")
     table = make("demo", "ARGS=" + " ".join(f"--model {m}" for m in models))
-    shown = [r for r in all_rows.values() if r["arch"].startswith(models)]
+    shown = [r for r in every_row.values() if r["arch"].startswith(models)]
     assert {r["arch"] for r in shown} == {
         "DeepSeek-V3.2 (MLA + indexer)",
         "Qwen2.5-1.5B-like (GQA, 2 KV heads)",
@@ -105,6 +121,7 @@ def test_make_demo_prints_the_summary_then_the_table_of_these_numbers(all_rows):
     expected = io.StringIO()
     with contextlib.redirect_stdout(expected):
         demo.print_summary(shown)
+        demo.print_hosts(shown)
         demo.print_table(shown)
     assert table == expected.getvalue()
     # The summary leads: one line per model, at its usual TP size.
@@ -112,18 +129,19 @@ def test_make_demo_prints_the_summary_then_the_table_of_these_numbers(all_rows):
     assert summary[0].startswith("model ") and len(summary) == 2 + len(models)
     full = io.StringIO()
     with contextlib.redirect_stdout(full):
-        demo.print_summary(list(all_rows.values()))
+        demo.print_summary(list(every_row.values()))
     assert len(full.getvalue().split("\n\n")[1].splitlines()) == 2 + len(
         demo.architectures.ARCHITECTURES
     )
 
     def row(arch: str) -> list[str]:
-        """The TP 8, DCP 1 row of `arch`: TP, DCP, host copies of the five
-        trees, host KiB of the three 0.30.0 trees, the 0.33.0 series, the
-        two 0.34.0 trees and the limit, series/limit of both series."""
+        """The TP 8, DCP 1 row of `arch` (one host of 8): TP, DCP, host
+        copies of the five trees, host KiB of the three 0.30.0 trees, the
+        0.33.0 series, the two 0.34.0 trees and the limit, series/limit of
+        both series."""
         section = table.split(f"{arch}\n")[1].split("\n\n")[0]
-        line = next(r for r in section.splitlines() if r.startswith("  8   1 |"))
-        return line.replace("|", " ").replace(",", "").split()
+        line = next(r for r in section.splitlines() if r.startswith("  8   1  1 x 8 |"))
+        return line.replace(" 1 x 8 ", " ").replace("|", " ").replace(",", "").split()
 
     # The README's headlines. DeepSeek-V3.2 at TP 8 keeps one host copy
     # instead of eight with the seed, and 0.34.0 already does.
@@ -139,7 +157,7 @@ def test_make_demo_prints_the_summary_then_the_table_of_these_numbers(all_rows):
     assert fields[14:16] == ["1.00x", "1.00x"], fields
 
 
-def test_only_what_vllm_rejects_by_design_is_not_supported(all_rows):
+def test_only_what_vllm_rejects_by_design_is_not_supported(every_row):
     # vLLM's own assertions (bench/kv_tp_worker.py, REJECTED_BY_DESIGN), the
     # same in every tree and in the 0.33.0 series' record: DCP with a
     # sliding-window cache, and DCP with a hybrid, whose attention blocks
@@ -150,8 +168,10 @@ def test_only_what_vllm_rejects_by_design_is_not_supported(all_rows):
         r"tokens_per_hash=(\d+)\. Hybrid models \(e\.g\. Mamba\+Attention\) "
         r"need --enable-prefix-caching to align block sizes\."
     )
-    for (arch, tp, dcp), row in all_rows.items():
+    for (arch, tp, dcp, hosts), row in every_row.items():
         for tree in (*demo.LABELS, demo.RECORDED):
+            if hosts > 1 and tree == demo.RECORDED:
+                continue
             why = row[tree].get("unsupported")
             if dcp > 1 and arch.startswith("DeepSeek-V4-like"):
                 assert why == sliding_window, (arch, tp, dcp, tree)
@@ -592,13 +612,16 @@ def test_store_traffic_is_one_page_per_copy(rows):
             assert "store_bytes_per_token" not in row[tree], (key, tree)
 
 
-def test_the_chart_shows_the_summary(all_rows, tmp_path):
+def test_the_chart_shows_the_summary(every_row, tmp_path):
     from PIL import Image
 
     path = tmp_path / "summary.png"
-    demo.plot_summary(list(all_rows.values()), path)
+    demo.plot_summary(list(every_row.values()), path)
     drawn = json.loads(Image.open(path).info["Description"])
-    for row in demo.summary_rows(list(all_rows.values())):
+    summary = demo.summary_rows(list(every_row.values()))
+    # TP 16 on two hosts of 8, as people run it.
+    assert {(r["tp"], r["hosts"]) for r in summary} >= {(8, 1), (16, 2)}
+    for row in summary:
         numbers = drawn[row["arch"]]
         assert numbers["vLLM 0.34.0"] == row[RELEASE]["tokens_per_gib"]
         assert numbers["0.34.0 + series"] == row[SERIES_034]["tokens_per_gib"]
@@ -610,7 +633,7 @@ def test_the_chart_shows_the_summary(all_rows, tmp_path):
     assert readme_chart == drawn
 
 
-def test_layer_classes_need_what_each_layer_splits_into(rows, all_rows):
+def test_layer_classes_need_what_each_layer_splits_into(rows, every_row):
     """Per class of layers (equal replica groups, laid out per layer by the
     0.34.0 series' host layout), the host copies the class keeps are the
     distinct pieces each of its layers splits into by the model's math,
@@ -644,7 +667,7 @@ def test_layer_classes_need_what_each_layer_splits_into(rows, all_rows):
     # The summary names the classes of exactly these rows, at the usual TP.
     text = io.StringIO()
     with contextlib.redirect_stdout(text):
-        demo.print_summary(list(all_rows.values()))
+        demo.print_summary(list(every_row.values()))
     classes = text.getvalue().split("a chunk of every group takes:\n")[1]
     assert [line.split(", TP ")[0].strip() for line in classes.splitlines()] == [
         a.name for a in demo.architectures.ARCHITECTURES if a.name in mixed
@@ -653,3 +676,61 @@ def test_layer_classes_need_what_each_layer_splits_into(rows, all_rows):
         "  DeepSeek-V3 + EAGLE-3 draft (8 KV heads), TP 8: 1 for 61 mla layers, "
         "8 for 1 draft layer" in classes.splitlines()
     )
+
+
+def test_every_multi_host_row_of_the_series_is_within_1_01_of_the_per_host_limit(
+    host_rows,
+):
+    """On several hosts (TP 16 as 2 x 8 and 4 x 4, every DCP size), the
+    0.34.0 series keeps one copy per replica group on each host: at most
+    1.01 times the limit counted per host (every distinct piece once on each
+    host that holds a part of it), and no tree below it. Every failing row
+    is named with its numbers."""
+    assert {k[3] for k in host_rows} == {2, 4}
+    failures = []
+    for (arch, tp, dcp, hosts), row in sorted(host_rows.items()):
+        limit = row["limit_bytes_per_token"]
+        for tree in demo.LABELS:
+            got = row[tree]["host_bytes_per_token"]
+            if got < 0.999 * row[tree]["limit_bytes_per_token"] or (
+                tree == SERIES_034 and got > 1.01 * limit
+            ):
+                failures.append(
+                    f"{arch}, TP {tp}, DCP {dcp}, {hosts} hosts, {tree}: "
+                    f"{got:.1f} host bytes per token, {got / limit:.4f} times "
+                    f"the per-host limit {limit:.1f}"
+                )
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize(
+    "arch, hosts, copies",
+    [
+        # One copy on each host, where 0.34.0 keeps one per rank.
+        ("DeepSeek-V3 (MLA)", 2, 2),
+        ("DeepSeek-V3 (MLA)", 4, 4),
+        ("DeepSeek-V3.2 (MLA + indexer)", 2, 2),
+        # 8 KV heads at TP 16: runs of 2 ranks hold one, 4 on each host of 8.
+        ("Llama-3.1-405B-like (GQA, 8 KV heads)", 2, 8),
+        ("GLM-4.5-like (GQA, 8 KV heads)", 4, 8),
+    ],
+)
+def test_tp16_on_several_hosts_keeps_a_copy_per_replica_group_on_each(
+    host_rows, all_rows, arch, hosts, copies
+):
+    """What users of two 8-GPU hosts (or four 4-GPU trays) gain: the releases
+    and the 0.30.0 trees keep a copy per rank; the 0.34.0 series one per
+    replica group on each host, and the single-host row is unchanged."""
+    row = host_rows[(arch, 16, 1, hosts)]
+    for tree in (*TREES, RELEASE):
+        assert row[tree]["host_copies"] == 16, tree
+        assert not row[tree]["replicated_layout"], tree
+    series = row[SERIES_034]
+    assert series["host_copies"] == copies
+    release = row[RELEASE]["host_bytes_per_token"]
+    assert release / series["host_bytes_per_token"] == pytest.approx(
+        16 / copies, rel=0.01
+    )
+    one_host = all_rows[(arch, 16, 1)]
+    assert one_host["hosts"] == 1
+    assert one_host[SERIES_034]["host_copies"] <= copies
