@@ -162,6 +162,8 @@ def merge(results: dict[str, dict]) -> list[dict]:
     ):
         key = (release["arch"], release["tp"], release["workload"])
         assert key == (series["arch"], series["tp"], series["workload"]), key
+        hosts = release.get("hosts", 1)
+        assert hosts == series.get("hosts", 1), key
         # The same traffic in both (the series plans the GPU cache as the
         # release does).
         for field in ("slice", "sessions", "gpu_tokens_full", "gpu_bytes"):
@@ -170,6 +172,7 @@ def merge(results: dict[str, dict]) -> list[dict]:
             "arch": key[0],
             "tp": key[1],
             "workload": key[2],
+            "hosts": hosts,
             **{
                 k: release[k]
                 for k in (

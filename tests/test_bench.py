@@ -296,6 +296,8 @@ def test_make_bench_as_a_user_runs_it(tmp_path):
     )["rows"]
     assert [(r["arch"], r["tp"], r["workload"]) for r in rows] == [(ARCH, TP, "chat")]
     (row,) = rows
+    # Its usual shape: hosts of 8 GPUs.
+    assert row["hosts"] == max(1, TP // 8)
     ceiling = row["unbounded"]
     for size in bench.HOST_SIZES:
         release = row[bench.RELEASE][f"lru@{size}"]
