@@ -29,6 +29,10 @@ DCP_SIZES = (1, 2, 4, 8)
 # HGX H100/H200 node); TP 16 also as two such hosts and as four hosts of 4
 # (GB200 NVL72 trays), besides a 16-GPU host.
 HOSTS = {16: (1, 2, 4)}
+# Pipeline-parallel deployments, as (PP, hosts), at each TP size: TP 8 x PP 2
+# on two hosts of 8 (a stage on each), the other usual way to serve
+# DeepSeek-V3-size models, and on one host of 16.
+PIPELINES = {8: ((2, 2), (2, 1))}
 # GPUs per host in the deployments people run: the summary's shape.
 GPUS_PER_HOST = 8
 
@@ -38,9 +42,15 @@ def hosts_of(tp: int) -> tuple[int, ...]:
     return HOSTS.get(tp, (1,))
 
 
-def shape(tp: int, hosts: int) -> str:
+def deployments_of(tp: int) -> tuple[tuple[int, int], ...]:
+    """The (PP, hosts) the demo measures TP ``tp`` on: PP 1 on each of
+    hosts_of(tp), then the pipelines."""
+    return tuple((1, hosts) for hosts in hosts_of(tp)) + PIPELINES.get(tp, ())
+
+
+def shape(tp: int, hosts: int, pp: int = 1) -> str:
     """A deployment as hosts x GPUs per host."""
-    return f"{hosts} x {tp // hosts}"
+    return f"{hosts} x {tp * pp // hosts}"
 
 
 @dataclass(frozen=True)
@@ -56,6 +66,9 @@ class Arch:
     head_dim: int = 128
     # bench/models/<model_dir>/config.json: a hybrid's published config.
     model_dir: str | None = None
+    # Draft layers (an EAGLE-3 or MTP drafter), the last of `layers`: under
+    # pipeline parallelism they run on the last stage, beside the sampler.
+    drafts: int = 0
 
     @property
     def usual_hosts(self) -> int:
@@ -140,13 +153,15 @@ ARCHITECTURES = (
         "DeepSeek-V3 + EAGLE-3 draft (8 KV heads)",
         ("mla",) * 61 + ("draft",),
         use_mla=True,
+        drafts=1,
     ),
-    Arch("DeepSeek-V3 + MTP draft", ("mla",) * 62, use_mla=True),
+    Arch("DeepSeek-V3 + MTP draft", ("mla",) * 62, use_mla=True, drafts=1),
     Arch(
         "Qwen3-235B-like + EAGLE-3 draft (8 KV heads)",
         ("gqa",) * 94 + ("draft",),
         use_mla=False,
         kv_heads=4,
+        drafts=1,
     ),
     Arch(
         "Qwen3.5/Qwen3-Next-like (3 GDN : 1 attention, 2 KV heads)",

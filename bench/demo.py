@@ -59,6 +59,8 @@ RELEASE, SERIES = "0.34.0", "0.34.0+series"
 # dropped; git history keeps it).
 RECORDED = "0.33.0+series"
 RECORDED_FILE = ROOT / "bench" / "results" / "0.33.0-series.json"
+# What a row is of: a model at a TP and DCP size, on hosts, with PP.
+KEY = ("arch", "tp", "dcp", "hosts", "pp")
 
 
 def tree_of(workspace: ws.Workspace, which: str) -> Path:
@@ -127,14 +129,16 @@ def recorded_033() -> dict[tuple[str, int, int], dict]:
     return {(r["arch"], r["tp"], r["dcp"]): r for r in rows}
 
 
-def _recorded_row(recorded: dict | None, trees: dict[str, dict], hosts: int) -> dict:
+def _recorded_row(
+    recorded: dict | None, trees: dict[str, dict], hosts: int, pp: int
+) -> dict:
     """The 0.33.0 series' row in this demo's accounting. Its demo counted a
     chunk of tokens as one chunk of an average KV cache group; a chunk of
     every group is as many of those as the model offloads groups: the same
     number in 0.30.0 and 0.34.0, and in 0.33.0, whose rows record a rank's
     block of one group as one of them has it. Its demo measured one host
-    only: nothing for several."""
-    if hosts > 1:
+    without PP only: nothing for several, or for PP."""
+    if hosts > 1 or pp > 1:
         return {"host_bytes_per_token": None}
     if recorded is None:
         raise SystemExit(f"{RECORDED_FILE.relative_to(ROOT)} has no row for this case")
@@ -157,13 +161,11 @@ def merge(results: dict[str, dict]) -> list[dict]:
     recorded = recorded_033()
     rows = []
     for per_tree in zip(*(results[t]["rows"] for t in LABELS), strict=True):
-        keys = {(r["arch"], r["tp"], r["dcp"], r["hosts"]) for r in per_tree}
+        keys = {(r["arch"], r["tp"], r["dcp"], r["hosts"], r["pp"]) for r in per_tree}
         assert len(keys) == 1, keys  # every tree measures the same cases
-        arch, tp, dcp, hosts = keys.pop()
+        arch, tp, dcp, hosts, pp = keys.pop()
         trees = {
-            tree: {
-                k: v for k, v in r.items() if k not in ("arch", "tp", "dcp", "hosts")
-            }
+            tree: {k: v for k, v in r.items() if k not in KEY}
             for tree, r in zip(LABELS, per_tree, strict=True)
         }
         # The limit is the model's, in the blocks its base picks: every tree
@@ -173,17 +175,18 @@ def merge(results: dict[str, dict]) -> list[dict]:
             limits = {
                 trees[t].get("limit_bytes_per_token") for t, b, _ in TREES if b == base
             }
-            assert len(limits) == 1, (arch, tp, dcp, hosts, base, limits)
+            assert len(limits) == 1, (arch, tp, dcp, hosts, pp, base, limits)
         row = {
             "arch": arch,
             "tp": tp,
             "dcp": dcp,
             "hosts": hosts,
+            "pp": pp,
             # The current base's limit.
             "limit_bytes_per_token": trees[SERIES].get("limit_bytes_per_token"),
             **trees,
         }
-        row[RECORDED] = _recorded_row(recorded.get((arch, tp, dcp)), trees, hosts)
+        row[RECORDED] = _recorded_row(recorded.get((arch, tp, dcp)), trees, hosts, pp)
         rows.append(row)
     return rows
 
@@ -203,12 +206,14 @@ def summary_rows(rows: list[dict]) -> list[dict]:
     return [
         r
         for r in rows
-        if r["dcp"] == 1 and (r["tp"], r["hosts"]) == usual.get(r["arch"])
+        if r["dcp"] == 1
+        and r["pp"] == 1
+        and (r["tp"], r["hosts"]) == usual.get(r["arch"])
     ]
 
 
 def _shape(row: dict) -> str:
-    return architectures.shape(row["tp"], row["hosts"])
+    return architectures.shape(row["tp"], row["hosts"], row["pp"])
 
 
 def _tokens(n: float) -> str:
@@ -306,7 +311,9 @@ def print_hosts(rows: list[dict]) -> None:
     """Each model at TP 16 on one host and over several (DCP 1): tokens per
     GiB of cpu_bytes_to_use, all hosts together, vLLM 0.34.0 against the
     series and the limit counted per host."""
-    several = [r for r in rows if r["hosts"] > 1 and r["dcp"] == 1 and _ok(r)]
+    several = [
+        r for r in rows if r["hosts"] > 1 and r["pp"] == 1 and r["dcp"] == 1 and _ok(r)
+    ]
     if not several:
         return
     print(
@@ -316,21 +323,63 @@ def print_hosts(rows: list[dict]) -> None:
         "one per replica group on the host:"
     )
     width = max(len(r["arch"]) for r in several)
-    shapes = sorted({r["hosts"] for r in rows if r["tp"] == 16})
+    shapes = sorted({r["hosts"] for r in rows if r["tp"] == 16 and r["pp"] == 1})
     print(
         f"  {'model':<{width}} | "
         + " | ".join(f"{architectures.shape(16, h):^27}" for h in shapes)
     )
-    by_key = {(r["arch"], r["tp"], r["dcp"], r["hosts"]): r for r in rows}
+    by_key = {tuple(r[k] for k in KEY): r for r in rows}
     for arch in dict.fromkeys(r["arch"] for r in several):
         cells = []
         for hosts in shapes:
-            row = by_key.get((arch, 16, 1, hosts))
+            row = by_key.get((arch, 16, 1, hosts, 1))
             if row is None or not _ok(row):
                 cells.append(f"{'-':^27}")
                 continue
             cells.append(
                 f"{_tokens(row[RELEASE]['tokens_per_gib']):>6} -> "
+                f"{_tokens(row[SERIES]['tokens_per_gib']):>6} "
+                f"({_tokens(GiB / row['limit_bytes_per_token']):>6})   "
+            )
+        print(f"  {arch:<{width}} | " + " | ".join(cells))
+
+
+def print_pipelines(rows: list[dict]) -> None:
+    """Each model under pipeline parallelism (DCP 1): tokens per GiB of
+    cpu_bytes_to_use, every stage's regions together, vLLM 0.34.0 against
+    the series and the limit counted per host; marked where 0.34.0's stages
+    are unsafe."""
+    pipelined = [r for r in rows if r["pp"] > 1 and r["dcp"] == 1 and _ok(r)]
+    if not pipelined:
+        return
+    deployments = sorted({(r["tp"], r["pp"], r["hosts"]) for r in pipelined})
+    print(
+        "\nPipeline parallelism (DCP 1): offloaded tokens per GiB of "
+        "cpu_bytes_to_use (every stage's\nregions together), 0.34.0 -> series "
+        "(limit); each stage keeps its own layers, one copy per\nreplica group "
+        "of its workers on each host; ! where 0.34.0 is unsafe: its stages lay "
+        "out\none region of a host differently, or with fewer rows than the "
+        "scheduler hands out:"
+    )
+    width = max(len(r["arch"]) for r in pipelined)
+    print(
+        f"  {'model':<{width}} | "
+        + " | ".join(
+            f"{f'TP {tp} x PP {pp}, {architectures.shape(tp, hosts, pp)}':^28}"
+            for tp, pp, hosts in deployments
+        )
+    )
+    by_key = {tuple(r[k] for k in KEY): r for r in rows}
+    for arch in dict.fromkeys(r["arch"] for r in pipelined):
+        cells = []
+        for tp, pp, hosts in deployments:
+            row = by_key.get((arch, tp, 1, hosts, pp))
+            if row is None or not _ok(row):
+                cells.append(f"{'-':^28}")
+                continue
+            unsafe = " " if row[RELEASE]["stages_agree"] else "!"
+            cells.append(
+                f"{_tokens(row[RELEASE]['tokens_per_gib']):>6}{unsafe} -> "
                 f"{_tokens(row[SERIES]['tokens_per_gib']):>6} "
                 f"({_tokens(GiB / row['limit_bytes_per_token']):>6})   "
             )
@@ -413,7 +462,8 @@ def print_table(rows: list[dict]) -> None:
         + f" | {'':>13} | {'copies':^9} | {'rank':>6} {'total':>6}"
     )
     arch = None
-    for row in rows:
+    # (Pipelines have a section of their own.)
+    for row in (r for r in rows if r["pp"] == 1):
         if row["arch"] != arch:
             arch = row["arch"]
             print(f"\n{arch}\n{header}\n{bases}\n{sub}\n{'-' * len(header)}")
@@ -511,6 +561,7 @@ def main() -> int:
     else:
         print_summary(rows)
         print_hosts(rows)
+        print_pipelines(rows)
         print_table(rows)
     return 0
 

@@ -296,10 +296,11 @@ def _offloading_vllm_config(
     extra_config: dict[str, Any] | None = None,
     block_size: int | None = None,
     hosts: int = 1,
+    pp: int = 1,
 ) -> Any:
     """The configuration build_offloading_config reads, as upstream's tests
     build it: a real ParallelConfig on a stand-in VllmConfig; the mp
-    executor on `hosts` nodes."""
+    executor on `hosts` nodes, TP `tp` x PP `pp`."""
     from vllm.config import KVTransferConfig, ParallelConfig
     from vllm.platforms import current_platform
 
@@ -316,9 +317,10 @@ def _offloading_vllm_config(
     config.model_config.max_model_len = MAX_MODEL_LEN
     config.model_config.use_mla = arch.use_mla
     config.model_config.get_total_num_kv_heads.return_value = arch.kv_heads or 1
-    with patch.object(current_platform, "device_count", return_value=tp):
+    with patch.object(current_platform, "device_count", return_value=tp * pp):
         config.parallel_config = ParallelConfig(
             tensor_parallel_size=tp,
+            pipeline_parallel_size=pp,
             decode_context_parallel_size=dcp,
             distributed_executor_backend="mp",
         )
@@ -393,11 +395,13 @@ def _host_copies(spec) -> int | float:
     layout = _host_layout(spec)
     if layout is None:
         return _row_copies(spec)
-    layers = [layer for group in layout.group_layers for layer in group]
-    held = _regions(spec) * sum(
-        len(layer.offsets) * layer.page_bytes for layer in layers
-    )
-    pages = sum(layer.page_bytes for layer in layers)
+    held = pages = 0
+    for stage in _stages(layout):
+        layers = [layer for group in stage.group_layers for layer in group]
+        held += _regions(spec) * sum(
+            len(layer.offsets) * layer.page_bytes for layer in layers
+        )
+        pages += sum(layer.page_bytes for layer in layers)
     copies = held / pages
     return int(copies) if copies == int(copies) else round(copies, 2)
 
@@ -418,9 +422,12 @@ def _host_bytes(spec, offloading, tokens_per_chunk: int) -> dict[str, Any]:
             layout.unit_bytes,
         )
         units = sum(layout.group_units)
-    # Where each host keeps its workers' copies in a region of its own (the
-    # 0.34.0 series on several hosts), a chunk takes its units on each.
-    per_chunk = units * spec.kv_bytes_per_chunk * _regions(spec)
+    # Where each host (and, under PP, each stage) keeps its workers' copies
+    # in a region of its own (the 0.34.0 series), a chunk takes its units in
+    # each.
+    per_chunk = units * getattr(
+        spec, "host_bytes_per_unit", spec.kv_bytes_per_chunk * _regions(spec)
+    )
     tokens_per_gib = spec.num_chunks // units * tokens_per_chunk
     assert tokens_per_gib == GiB // per_chunk * tokens_per_chunk, (units, per_chunk)
     return {
@@ -432,30 +439,44 @@ def _host_bytes(spec, offloading, tokens_per_chunk: int) -> dict[str, Any]:
 
 
 def _regions(spec) -> int:
-    """The host regions laid out alike, one per host where each host keeps
-    its own workers' copies (the 0.34.0 series on several hosts), else 1."""
+    """The host regions of one stage laid out alike, one per host where each
+    host keeps its own workers' copies (the 0.34.0 series on several hosts),
+    else 1."""
+    layout = _host_layout(spec)
+    if layout is not None and hasattr(spec, "host_bytes_per_unit"):
+        units = sum(stage.unit_bytes for stage in _stages(layout))
+        return spec.host_bytes_per_unit // units
     return getattr(spec, "hosts", 1)
 
 
-def _store_traffic(layout, world_size: int, tokens_per_chunk: int, regions: int):
+def _stages(layout) -> tuple:
+    """Every pipeline stage's host layout (the 0.34.0 series under PP), or
+    the one layout."""
+    return getattr(layout, "stages", ()) or (layout,)
+
+
+def _store_traffic(layout, region_workers: int, tokens_per_chunk: int, regions: int):
     """Device-to-host bytes per offloaded token under a host layout, of all
     ranks together and of the busiest rank: each copy of each layer is
     written once per chunk, its writers (LayerCopies.writers) taking turns
     chunk by chunk, so that over many chunks each writes 1/len(writers) of
-    them; the layout is each of `regions` regions', whose workers (world_size
-    // regions) hold copies of their own."""
-    ranks = [0.0] * (world_size // regions)
+    them; each stage's layout is each of `regions` regions', whose
+    `region_workers` workers hold copies of their own."""
+    busiest = 0.0
     total = 0
-    for group in layout.group_layers:
-        for layer in group:
-            chunk = layer.page_bytes * layout.blocks_per_chunk
-            for copy in range(len(layer.offsets)):
-                writers = layer.writers(copy)
-                assert writers, (layer, copy)
-                total += chunk
-                for rank in writers:
-                    ranks[rank] += chunk / len(writers)
-    return total * regions / tokens_per_chunk, max(ranks) / tokens_per_chunk
+    for stage in _stages(layout):
+        ranks = [0.0] * region_workers
+        for group in stage.group_layers:
+            for layer in group:
+                chunk = layer.page_bytes * stage.blocks_per_chunk
+                for copy in range(len(layer.offsets)):
+                    writers = layer.writers(copy)
+                    assert writers, (layer, copy)
+                    total += chunk
+                    for rank in writers:
+                        ranks[rank] += chunk / len(writers)
+        busiest = max(busiest, *ranks)
+    return total * regions / tokens_per_chunk, busiest / tokens_per_chunk
 
 
 def _offloaded_layers(kv_cache_config, offloading) -> list[list[tuple[str, Any]]]:
@@ -518,7 +539,60 @@ def _limit_bytes_per_chunk(
     )
 
 
-def measure(arch: architectures.Arch, tp: int, dcp: int, hosts: int) -> dict[str, Any]:
+def _pipeline_stages(
+    arch: architectures.Arch, specs: dict[str, Any], pp: int
+) -> list[dict[str, Any]]:
+    """Each pipeline stage's layer specs: the model's layers split as the
+    tree's own get_pp_indices splits them, its drafts on the last stage."""
+    if pp == 1:
+        return [specs]
+    from vllm.distributed.utils import get_pp_indices
+
+    layers = len(arch.layers) - arch.drafts
+    stages: list[dict[str, Any]] = [{} for _ in range(pp)]
+    for name, spec in specs.items():
+        index = int(name.split(".")[2])
+        stage = next(
+            (s for s in range(pp) if index < get_pp_indices(layers, s, pp)[1]),
+            pp - 1,
+        )
+        stages[stage][name] = spec
+    return stages
+
+
+def _stages_agree(arch, tp, dcp, block_size, hosts, pp, configs, scheduler) -> bool:
+    """Whether the workers of every stage lay out a region they share on one
+    host alike (the same rows), with at least the scheduler's rows: each
+    stage's first worker's spec, from the tree's own code, against the
+    others mapping the same region file on the same host."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (
+        build_offloading_config,
+    )
+    from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+
+    regions: dict[tuple[int, str], tuple[int, int]] = {}
+    agree = True
+    for stage in range(pp):
+        rank = stage * tp
+        config = _offloading_vllm_config(
+            arch, tp, dcp, block_size=block_size, hosts=hosts, pp=pp
+        )
+        config.parallel_config.rank = rank
+        with patch.object(CPUOffloadingSpec, "_uses_shared_region", return_value=True):
+            spec = CPUOffloadingSpec(build_offloading_config(config, configs[rank]))
+        # The release names the region by the engine, the series by its
+        # stage and host too.
+        name = getattr(spec, "region_id", spec.config.engine_id)
+        host = rank // (tp * pp // hosts)
+        rows = (spec.num_chunks, spec.kv_bytes_per_chunk)
+        agree &= regions.setdefault((host, name), rows) == rows
+        agree &= spec.num_chunks >= scheduler.num_chunks
+    return agree
+
+
+def measure(
+    arch: architectures.Arch, tp: int, dcp: int, hosts: int, pp: int = 1
+) -> dict[str, Any]:
     from vllm.config import VllmConfig
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (
         build_offloading_config,
@@ -538,11 +612,17 @@ def measure(arch: architectures.Arch, tp: int, dcp: int, hosts: int) -> dict[str
     # Block-outermost, as the engine core resolves it for these hybrid
     # models; it lets mixed page sizes pack into one block.
     vllm_config.cache_config.kv_cache_layout = "BLNHC"
-    configs = _kv_cache_configs(vllm_config, [specs] * tp, [64 * GiB] * tp)
+    # Every worker's specs: its stage's (rank = stage * tp + TP rank).
+    stages = _pipeline_stages(arch, specs, pp)
+    workers = [stages[rank // tp] for rank in range(tp * pp)]
+    configs = _kv_cache_configs(vllm_config, workers, [64 * GiB] * len(workers))
+    # The first worker's: the scheduler's, as the engine core copies it.
     kv_cache_config = configs[0]
 
     offloading = build_offloading_config(
-        _offloading_vllm_config(arch, tp, dcp, block_size=block_size, hosts=hosts),
+        _offloading_vllm_config(
+            arch, tp, dcp, block_size=block_size, hosts=hosts, pp=pp
+        ),
         kv_cache_config,
     )
     with patch.object(CPUOffloadingSpec, "_uses_shared_region", return_value=True):
@@ -555,7 +635,12 @@ def measure(arch: architectures.Arch, tp: int, dcp: int, hosts: int) -> dict[str
     (tokens_per_block,) = tokens_per_block
     blocks_per_chunk = offloading.cache.blocks_per_chunk
     tokens_per_chunk = tokens_per_block * blocks_per_chunk
-    layers = _offloaded_layers(kv_cache_config, offloading)
+    # Every stage's offloaded layers, each from its first worker's config.
+    layers = [
+        group
+        for stage in range(pp)
+        for group in _offloaded_layers(configs[stage * tp], offloading)
+    ]
     layout = _host_layout(spec)
     row = {
         "kv_tp_replicas": getattr(kv_cache_config, "kv_tp_replicas", None),
@@ -581,15 +666,20 @@ def measure(arch: architectures.Arch, tp: int, dcp: int, hosts: int) -> dict[str
         "worker_bytes_per_token": offloading.worker_kv_bytes_per_block
         / tokens_per_block,
         # The physical limit: every distinct piece of KV stored once.
+        # (Each stage on its share of the hosts.)
         "limit_bytes_per_token": _limit_bytes_per_chunk(
-            arch, layers, tp, dcp, blocks_per_chunk, hosts
+            arch, layers, tp, dcp, blocks_per_chunk, max(1, hosts // pp)
         )
         / tokens_per_chunk,
         "canonical": _canonical_layout(
-            arch, tp, dcp, configs, tokens_per_chunk, block_size, hosts
+            arch, tp, dcp, configs, tokens_per_chunk, block_size, hosts, pp
         ),
         "layer_classes": _layer_classes(arch, offloading, layout),
     }
+    if pp > 1:
+        row["stages_agree"] = _stages_agree(
+            arch, tp, dcp, block_size, hosts, pp, configs, spec
+        )
     if layout is not None:
         # The layout itself: its unit, the units and bytes (every copy of
         # every layer) of a chunk of each offloaded group.
@@ -602,7 +692,11 @@ def measure(arch: architectures.Arch, tp: int, dcp: int, hosts: int) -> dict[str
             row["store_bytes_per_token"],
             row["busiest_rank_store_bytes_per_token"],
         ) = _store_traffic(
-            layout, offloading.parallel.world_size, tokens_per_chunk, _regions(spec)
+            layout,
+            getattr(offloading, "region_workers", 0)
+            or offloading.parallel.world_size // _regions(spec),
+            tokens_per_chunk,
+            _regions(spec),
         )
     return row
 
@@ -618,25 +712,34 @@ def _layer_classes(arch: architectures.Arch, offloading, layout):
     if layout is None:
         return None
     classes: dict[tuple[int, ...], dict[str, Any]] = {}
-    for group, group_layers in zip(offloading.groups, layout.group_layers, strict=True):
-        for name, layer in zip(group.layer_names, group_layers, strict=True):
-            kind, cache = _kind(arch, name)
-            what = kind if cache in ("attn", "mixer") else f"{kind} {cache}"
-            entry = classes.setdefault(
-                layer.replica_groups,
-                {
-                    "copies": len(layer.offsets),
-                    "replica_groups": list(layer.replica_groups),
-                    "layers": {},
-                },
-            )
-            assert entry["copies"] == len(layer.offsets), name
-            entry["layers"][what] = entry["layers"].get(what, 0) + 1
+    stage_groups = getattr(offloading, "stage_groups", ()) or (offloading.groups,)
+    for groups, stage in zip(stage_groups, _stages(layout), strict=True):
+        for group, group_layers in zip(groups, stage.group_layers, strict=True):
+            for name, layer in zip(group.layer_names, group_layers, strict=True):
+                kind, cache = _kind(arch, name)
+                what = kind if cache in ("attn", "mixer") else f"{kind} {cache}"
+                entry = classes.setdefault(
+                    layer.replica_groups,
+                    {
+                        "copies": len(layer.offsets),
+                        "replica_groups": list(layer.replica_groups),
+                        "layers": {},
+                    },
+                )
+                assert entry["copies"] == len(layer.offsets), name
+                entry["layers"][what] = entry["layers"].get(what, 0) + 1
     return list(classes.values())
 
 
 def _canonical_layout(
-    arch, tp: int, dcp: int, configs, tokens_per_chunk: int, block_size: int, hosts
+    arch,
+    tp: int,
+    dcp: int,
+    configs,
+    tokens_per_chunk: int,
+    block_size: int,
+    hosts: int,
+    pp: int = 1,
 ):
     """What the tree's canonical CPU layout (TieringOffloadingSpec with
     canonical_layout, upstream's strongest configuration) reserves for a
@@ -662,6 +765,7 @@ def _canonical_layout(
             {"spec_name": "TieringOffloadingSpec", "canonical_layout": True},
             block_size,
             hosts,
+            pp,
         )
         offloading = build_offloading_config(config, kv_cache_config)
         spec = TieringOffloadingSpec(offloading)
@@ -704,15 +808,16 @@ def main() -> int:
                     continue
                 if not architectures.wanted(arch.name, tp, args.model, args.tp):
                     continue
-                for hosts in architectures.hosts_of(tp):
+                for pp, hosts in architectures.deployments_of(tp):
                     row: dict[str, Any] = {
                         "arch": arch.name,
                         "tp": tp,
                         "dcp": dcp,
                         "hosts": hosts,
+                        "pp": pp,
                     }
                     try:
-                        row.update(measure(arch, tp, dcp, hosts))
+                        row.update(measure(arch, tp, dcp, hosts, pp))
                     except Exception as e:
                         reason = rejected_by_design(e)
                         if reason is None:

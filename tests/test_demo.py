@@ -51,13 +51,13 @@ def make(*args: str) -> str:
 def every_row():
     # stdout is the JSON alone: the set-up reports on stderr.
     rows = json.loads(make("demo", "ARGS=--json"))
-    return {(r["arch"], r["tp"], r["dcp"], r["hosts"]): r for r in rows}
+    return {tuple(r[k] for k in demo.KEY): r for r in rows}
 
 
 @pytest.fixture(scope="module")
 def all_rows(every_row):
-    """The rows of one host, by (arch, TP, DCP)."""
-    return {k[:3]: r for k, r in every_row.items() if k[3] == 1}
+    """The rows of one host without PP, by (arch, TP, DCP)."""
+    return {k[:3]: r for k, r in every_row.items() if k[3:] == (1, 1)}
 
 
 def _supported(rows: dict) -> dict:
@@ -75,8 +75,17 @@ def rows(all_rows):
 
 @pytest.fixture(scope="module")
 def host_rows(every_row):
-    """The supported rows of several hosts, by (arch, TP, DCP, hosts)."""
-    return _supported({k: r for k, r in every_row.items() if k[3] > 1})
+    """The supported rows of several hosts without PP, by (arch, TP, DCP,
+    hosts)."""
+    return _supported(
+        {k[:4]: r for k, r in every_row.items() if k[3] > 1 and k[4] == 1}
+    )
+
+
+@pytest.fixture(scope="module")
+def pp_rows(every_row):
+    """The supported rows with PP, by (arch, TP, DCP, hosts, PP)."""
+    return _supported({k: r for k, r in every_row.items() if k[4] > 1})
 
 
 # Models whose layers all replicate alike (no draft or state of another kind).
@@ -122,6 +131,7 @@ def test_make_demo_prints_the_summary_then_the_table_of_these_numbers(every_row)
     with contextlib.redirect_stdout(expected):
         demo.print_summary(shown)
         demo.print_hosts(shown)
+        demo.print_pipelines(shown)
         demo.print_table(shown)
     assert table == expected.getvalue()
     # The summary leads: one line per model, at its usual TP size.
@@ -168,9 +178,9 @@ def test_only_what_vllm_rejects_by_design_is_not_supported(every_row):
         r"tokens_per_hash=(\d+)\. Hybrid models \(e\.g\. Mamba\+Attention\) "
         r"need --enable-prefix-caching to align block sizes\."
     )
-    for (arch, tp, dcp, hosts), row in every_row.items():
+    for (arch, tp, dcp, hosts, pp), row in every_row.items():
         for tree in (*demo.LABELS, demo.RECORDED):
-            if hosts > 1 and tree == demo.RECORDED:
+            if (hosts > 1 or pp > 1) and tree == demo.RECORDED:
                 continue
             why = row[tree].get("unsupported")
             if dcp > 1 and arch.startswith("DeepSeek-V4-like"):
@@ -734,3 +744,81 @@ def test_tp16_on_several_hosts_keeps_a_copy_per_replica_group_on_each(
     one_host = all_rows[(arch, 16, 1)]
     assert one_host["hosts"] == 1
     assert one_host[SERIES_034]["host_copies"] <= copies
+
+
+# Where the series keeps more than 1.01 times the per-host limit under PP,
+# and at most how much. Hybrids whose state groups fall unevenly on the
+# stages (a group's layers mostly on one stage, another's on the other): one
+# pool of host units serves every group, so each stage keeps room for the
+# other's groups too. DeepSeek-V4-like: each stage's chunk of its compressed
+# cache is half the model's, in whole host pages on each stage.
+PP_BOUNDS = {
+    "MLA + Mamba hybrid": 2.0,
+    "Nemotron-Nano-like (Mamba2 hybrid, 2 KV heads)": 1.04,
+    "Kimi-Linear-like (3 KDA : 1 MLA)": 1.07,
+    "DeepSeek-V4-like (MLA + indexer + SWA)": 1.0101,
+}
+
+
+def test_every_pipeline_row_of_the_series_is_within_1_01_of_the_per_host_limit(
+    pp_rows,
+):
+    """TP 8 x PP 2 on one host of 16 and on two of 8 (every DCP size): each
+    stage keeps its own layers, one copy per replica group of its workers on
+    each host, at most 1.01 times the limit counted per host (at most the
+    bound PP_BOUNDS names for a few models), never more than 0.34.0 keeps,
+    and no tree below the limit. Every failing row is named with its
+    numbers."""
+    assert {k[3:] for k in pp_rows} == {(1, 2), (2, 2)}
+    failures = []
+    for (arch, tp, dcp, hosts, pp), row in sorted(pp_rows.items()):
+        limit = row["limit_bytes_per_token"]
+        bound = PP_BOUNDS.get(arch, 1.01)
+        for tree in demo.LABELS:
+            got = row[tree]["host_bytes_per_token"]
+            if got < 0.999 * row[tree]["limit_bytes_per_token"] or (
+                tree == SERIES_034
+                and (got > bound * limit or got > row[RELEASE]["host_bytes_per_token"])
+            ):
+                failures.append(
+                    f"{arch}, TP {tp} x PP {pp}, DCP {dcp}, {hosts} hosts, {tree}: "
+                    f"{got:.1f} host bytes per token, {got / limit:.4f} times "
+                    f"the per-host limit {limit:.1f}"
+                )
+    assert not failures, "\n".join(failures)
+    # The bounds are the models' own, not loose: each is within 1% of them.
+    for arch, bound in PP_BOUNDS.items():
+        row = pp_rows[(arch, 8, 1, 2, 2)]
+        ratio = row[SERIES_034]["host_bytes_per_token"] / row["limit_bytes_per_token"]
+        assert bound - 0.01 < ratio <= bound, (arch, ratio)
+
+
+def test_pipeline_stages_keep_regions_of_their_own(pp_rows, all_rows):
+    """What users of TP 8 x PP 2 gain: 0.34.0 sizes rows of a block per rank
+    of all 16 (each stage's ranks fill 8 of them with their own layers), and
+    where its stages' blocks differ in bytes on one host (DeepSeek-V3's 61
+    layers split 31/30), they lay out one region differently: unsafe; or (a
+    draft on the last stage) the last stage has fewer rows than the
+    scheduler hands out, on its own host too. The series keeps one copy of
+    each MLA layer, on its stage's host, as TP 8 on one host does, and its
+    stages always agree."""
+    for key, row in pp_rows.items():
+        assert row[SERIES_034]["stages_agree"], key
+        assert row[RELEASE]["host_copies"] == 16, key
+    for hosts in (1, 2):
+        row = pp_rows[("DeepSeek-V3 (MLA)", 8, 1, hosts, 2)]
+        assert row[SERIES_034]["host_copies"] == 1
+        assert (
+            row[SERIES_034]["tokens_per_gib"]
+            == (all_rows[("DeepSeek-V3 (MLA)", 8, 1)][SERIES_034]["tokens_per_gib"])
+        )
+        # 16 blocks of the first stage's 31 layers, against each of 61 once.
+        assert row[RELEASE]["host_bytes_per_token"] == pytest.approx(
+            16 * 31 / 61 * row[SERIES_034]["host_bytes_per_token"], rel=0.01
+        )
+    assert not pp_rows[("DeepSeek-V3 (MLA)", 8, 1, 1, 2)][RELEASE]["stages_agree"]
+    assert pp_rows[("DeepSeek-V3 (MLA)", 8, 1, 2, 2)][RELEASE]["stages_agree"]
+    draft = "Qwen3-235B-like + EAGLE-3 draft (8 KV heads)"
+    assert not pp_rows[(draft, 8, 1, 2, 2)][RELEASE]["stages_agree"]
+    # Equal stages (31 + 30 layers and the MTP layer) agree in 0.34.0.
+    assert pp_rows[("DeepSeek-V3 + MTP draft", 8, 1, 1, 2)][RELEASE]["stages_agree"]
