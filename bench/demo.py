@@ -307,6 +307,15 @@ def print_summary(rows: list[dict]) -> None:
         print(f"  {row['arch']}, TP {row['tp']}{on}: {needs}{units}")
 
 
+def _tokens_cell(row: dict, mark: str = "") -> str:
+    """A row's tokens per GiB: 0.34.0 (marked) -> series (limit)."""
+    return (
+        f"{_tokens(row[RELEASE]['tokens_per_gib']):>6}{mark} -> "
+        f"{_tokens(row[SERIES]['tokens_per_gib']):>6} "
+        f"({_tokens(GiB / row['limit_bytes_per_token']):>6})   "
+    )
+
+
 def print_hosts(rows: list[dict]) -> None:
     """Each model at TP 16 on one host and over several (DCP 1): tokens per
     GiB of cpu_bytes_to_use, all hosts together, vLLM 0.34.0 against the
@@ -336,11 +345,7 @@ def print_hosts(rows: list[dict]) -> None:
             if row is None or not _ok(row):
                 cells.append(f"{'-':^27}")
                 continue
-            cells.append(
-                f"{_tokens(row[RELEASE]['tokens_per_gib']):>6} -> "
-                f"{_tokens(row[SERIES]['tokens_per_gib']):>6} "
-                f"({_tokens(GiB / row['limit_bytes_per_token']):>6})   "
-            )
+            cells.append(_tokens_cell(row))
         print(f"  {arch:<{width}} | " + " | ".join(cells))
 
 
@@ -378,11 +383,7 @@ def print_pipelines(rows: list[dict]) -> None:
                 cells.append(f"{'-':^28}")
                 continue
             unsafe = " " if row[RELEASE]["stages_agree"] else "!"
-            cells.append(
-                f"{_tokens(row[RELEASE]['tokens_per_gib']):>6}{unsafe} -> "
-                f"{_tokens(row[SERIES]['tokens_per_gib']):>6} "
-                f"({_tokens(GiB / row['limit_bytes_per_token']):>6})   "
-            )
+            cells.append(_tokens_cell(row, unsafe))
         print(f"  {arch:<{width}} | " + " | ".join(cells))
 
 

@@ -422,12 +422,7 @@ def _host_bytes(spec, offloading, tokens_per_chunk: int) -> dict[str, Any]:
             layout.unit_bytes,
         )
         units = sum(layout.group_units)
-    # Where each host (and, under PP, each stage) keeps its workers' copies
-    # in a region of its own (the 0.34.0 series), a chunk takes its units in
-    # each.
-    per_chunk = units * getattr(
-        spec, "host_bytes_per_unit", spec.kv_bytes_per_chunk * _regions(spec)
-    )
+    per_chunk = chunk_host_bytes(spec, units)
     tokens_per_gib = spec.num_chunks // units * tokens_per_chunk
     assert tokens_per_gib == GiB // per_chunk * tokens_per_chunk, (units, per_chunk)
     return {
@@ -438,21 +433,26 @@ def _host_bytes(spec, offloading, tokens_per_chunk: int) -> dict[str, Any]:
     }
 
 
+def chunk_host_bytes(spec, units: int) -> int:
+    """The host bytes of `units` units (rows) of the spec: where each host
+    (and, under PP, each stage) keeps its workers' copies in a region of its
+    own (the 0.34.0 series), the units in each."""
+    return units * getattr(
+        spec, "host_bytes_per_unit", spec.kv_bytes_per_chunk * _regions(spec)
+    )
+
+
 def _regions(spec) -> int:
     """The host regions of one stage laid out alike, one per host where each
     host keeps its own workers' copies (the 0.34.0 series on several hosts),
     else 1."""
-    layout = _host_layout(spec)
-    if layout is not None and hasattr(spec, "host_bytes_per_unit"):
-        units = sum(stage.unit_bytes for stage in _stages(layout))
-        return spec.host_bytes_per_unit // units
-    return getattr(spec, "hosts", 1)
+    return getattr(spec, "stage_regions", getattr(spec, "hosts", 1))
 
 
 def _stages(layout) -> tuple:
     """Every pipeline stage's host layout (the 0.34.0 series under PP), or
     the one layout."""
-    return getattr(layout, "stages", ()) or (layout,)
+    return getattr(layout, "every_stage", (layout,))
 
 
 def _store_traffic(layout, region_workers: int, tokens_per_chunk: int, regions: int):

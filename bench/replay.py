@@ -80,7 +80,7 @@ class ReplayCPUOffloadingSpec(CPUOffloadingSpec):
         layout (the 0.34.0 series), else a row per group."""
         layout = kv_tp_worker._host_layout(self)
         units = len(self.config.groups) if layout is None else sum(layout.group_units)
-        return units * self.kv_bytes_per_chunk * kv_tp_worker._regions(self)
+        return kv_tp_worker.chunk_host_bytes(self, units)
 
 
 def _arch(name: str) -> architectures.Arch:
