@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import ws
 import ws_artifacts
+import ws_common
 import ws_install
 
 ORIGINAL = "def answer():\n    return 41\n\n\ndef other():\n    return 0\n"
@@ -347,8 +348,10 @@ def test_setup_leaves_out_unavailable_dependencies(workspace, monkeypatch):
     calls = []
     monkeypatch.setattr(
         "ws_artifacts.run",
-        lambda cmd, **kwargs: calls.append([str(c) for c in cmd])
-        or subprocess.CompletedProcess(cmd, 0, "", ""),
+        lambda cmd, **kwargs: (
+            calls.append([str(c) for c in cmd])
+            or subprocess.CompletedProcess(cmd, 0, "", "")
+        ),
     )
     monkeypatch.setattr(
         ws.Workspace,
@@ -363,10 +366,38 @@ def test_setup_leaves_out_unavailable_dependencies(workspace, monkeypatch):
     workspace.venv.mkdir()
     workspace.mypy_venv.mkdir()
     workspace.setup()
-    installs = [c[3:] for c in calls if c[1:4] == ["-m", "pip", "install"]]
+    options = ws_artifacts.PIP_OPTIONS
+    installs = [
+        [c[3], *c[4 + len(options) :]]
+        for c in calls
+        if c[1:4] == ["-m", "pip", "install"] and c[4 : 4 + len(options)] == options
+    ]
     assert ["install", "--no-deps", "vllm==9.9.9"] in installs
     full = next(c for c in installs if "numpy" in c)
     assert "vllm==9.9.9" not in full and "torch==2.14.0" in full
+
+
+def test_a_failed_download_is_run_again_and_the_last_failure_named(
+    tmp_path, monkeypatch, capsys
+):
+    """`run(..., attempts=n)`: a command that fails once and then works
+    succeeds; one that always fails is run n times, then named."""
+    monkeypatch.setattr(ws_common, "RETRY_WAIT_S", 0)
+    flaky = [
+        "sh",
+        "-c",
+        f"test -e {tmp_path}/ran || {{ touch {tmp_path}/ran; exit 3; }}",
+    ]
+    assert ws_common.run(flaky, attempts=3).returncode == 0
+    assert "attempt 1 of 3 failed (3)" in capsys.readouterr().out
+    count = tmp_path / "count"
+    broken = ["sh", "-c", f"echo x >> {count}; exit 4"]
+    with pytest.raises(ws_common.WsError, match="command failed \\(4\\): sh -c"):
+        ws_common.run(broken, attempts=3)
+    assert count.read_text().count("x") == 3
+    with pytest.raises(ws_common.WsError):
+        ws_common.run(broken)  # one attempt unless asked
+    assert count.read_text().count("x") == 4
 
 
 def test_lock_must_name_its_own_base(workspace):

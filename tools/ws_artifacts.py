@@ -23,6 +23,12 @@ from ws_common import (
 )
 
 SETUP_RECIPE = "v2"
+# What every pip command that downloads is given once pip is upgraded: more
+# attempts to connect and to resume a download cut short (pip's defaults are
+# 5 of each; CI once lost torch's wheel at 429 of 555 MB after 5 resumes).
+PIP_OPTIONS = ["--retries", "10", "--resume-retries", "30"]
+# How many times a pip command that downloads is run before setup fails.
+DOWNLOAD_ATTEMPTS = 3
 
 
 def _assignment(item: str, lock_file: Path) -> tuple[str, str]:
@@ -145,13 +151,16 @@ class ArtifactsMixin:
         if not python.exists():
             run([sys.executable, "-m", "venv", venv])
         pip = [python, "-m", "pip"]
-        run([*pip, "install", "--upgrade", "pip"])
+        run([*pip, "install", "--upgrade", "pip"], attempts=DOWNLOAD_ATTEMPTS)
+        # The upgraded pip resumes an interrupted download (torch's wheel is
+        # over 500 MB); PIP_OPTIONS lists the options it is given.
+        pip_install = [*pip, "install", *PIP_OPTIONS]
         if skip_deps:
             # pip cannot drop one pin of a package's dependencies: install the
             # package alone, then what it requires but those.
-            run([*pip, "install", "--no-deps", install[0]])
+            run([*pip_install, "--no-deps", install[0]], attempts=DOWNLOAD_ATTEMPTS)
             install = [*self._requirements(python, install[0], skip_deps), *install[1:]]
-        run([*pip, "install", *install])
+        run([*pip_install, *install], attempts=DOWNLOAD_ATTEMPTS)
         if remove:
             run([*pip, "uninstall", "-y", *remove])
         stamp.write_text(digest)
@@ -206,7 +215,8 @@ class ArtifactsMixin:
     def _pip_download(self, kind: str, version: str, dest: Path) -> None:
         if not self.python.exists():
             raise WsError(f"{self.rel(self.venv)} is missing: run `make setup` first")
-        cmd = [self.python, "-m", "pip", "download", "--no-deps", "-d", dest]
+        cmd = [self.python, "-m", "pip", "download", *PIP_OPTIONS]
+        cmd += ["--no-deps", "-d", dest]
         env = None
         if kind != "sdist":
             cmd += ["--only-binary", ":all:"]
@@ -218,4 +228,4 @@ class ArtifactsMixin:
             # and pip discards the file).
             cmd += ["--no-binary", ":all:", "--no-build-isolation"]
             env = {"VLLM_VERSION_OVERRIDE": version, "VLLM_TARGET_DEVICE": "empty"}
-        run([*cmd, f"{PACKAGES[kind]}=={version}"], env=env)
+        run([*cmd, f"{PACKAGES[kind]}=={version}"], env=env, attempts=DOWNLOAD_ATTEMPTS)

@@ -7,6 +7,7 @@ import hashlib
 import os
 import re
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,17 +63,35 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def run(cmd, cwd=None, env=None, check=True, capture=False, quiet=False):
+# How long `run` waits before it runs a failed download again.
+RETRY_WAIT_S = 60
+
+
+def run(cmd, cwd=None, env=None, check=True, capture=False, quiet=False, attempts=1):
+    """Run `cmd`; with `check`, a failure raises WsError naming it. A command
+    that downloads is given `attempts` > 1: a failed attempt is run again a
+    minute later (a registry or a connection may recover), and only the last
+    failure is raised. Such a command must be safe to repeat (pip's are)."""
     if not quiet:
         print("+", " ".join(str(c) for c in cmd), flush=True)
     full_env = None if env is None else {**os.environ, **env}
-    res = subprocess.run(
-        [str(c) for c in cmd],
-        cwd=cwd,
-        env=full_env,
-        text=True,
-        capture_output=capture,
-    )
+    for attempt in range(1, attempts + 1):
+        res = subprocess.run(
+            [str(c) for c in cmd],
+            check=False,
+            cwd=cwd,
+            env=full_env,
+            text=True,
+            capture_output=capture,
+        )
+        if not check or res.returncode == 0 or attempt == attempts:
+            break
+        print(
+            f"attempt {attempt} of {attempts} failed ({res.returncode}); "
+            f"running it again in {RETRY_WAIT_S} s",
+            flush=True,
+        )
+        time.sleep(RETRY_WAIT_S)
     if check and res.returncode != 0:
         out = (res.stdout or "") + (res.stderr or "") if capture else ""
         raise WsError(
