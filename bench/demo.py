@@ -387,6 +387,35 @@ def print_pipelines(rows: list[dict]) -> None:
         print(f"  {arch:<{width}} | " + " | ".join(cells))
 
 
+def print_ray(rows: list[dict]) -> None:
+    """Each model in its usual deployment under the Ray executor: tokens per
+    GiB of cpu_bytes_to_use, vLLM 0.34.0 against the series, beside the
+    series under the mp executor."""
+    usual = [r for r in summary_rows(rows) if _ok(r) and "ray" in r[SERIES]]
+    if not usual:
+        return
+    print(
+        "\nThe same deployments under the Ray executor (--distributed-executor-"
+        "backend ray): offloaded\ntokens per GiB of cpu_bytes_to_use; 0.34.0 "
+        "knows no host of a Ray worker and keeps a copy per\nworker (its "
+        "single-copy layout is the mp executor's); the series reads the node "
+        "Ray records\nfor each worker and shares as under mp:"
+    )
+    width = max(len(r["arch"]) for r in usual)
+    print(
+        f"  {'model':<{width}} {'TP':>3} {'hosts':>6} | {'0.34.0 on Ray':>13}  "
+        f"{'series on Ray':>13} | {'series on mp':>12}"
+    )
+    for row in usual:
+        release, series = row[RELEASE]["ray"], row[SERIES]["ray"]
+        print(
+            f"  {row['arch']:<{width}} {row['tp']:>3} {_shape(row):>6} | "
+            f"{_tokens(release['tokens_per_gib']):>13}  "
+            f"{_tokens(series['tokens_per_gib']):>13} | "
+            f"{_tokens(row[SERIES]['tokens_per_gib']):>12}"
+        )
+
+
 def plot_summary(rows: list[dict], path: Path) -> None:
     """The summary as a bar chart (PNG)."""
     import matplotlib
@@ -563,6 +592,7 @@ def main() -> int:
         print_summary(rows)
         print_hosts(rows)
         print_pipelines(rows)
+        print_ray(rows)
         print_table(rows)
     return 0
 

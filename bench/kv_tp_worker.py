@@ -297,10 +297,11 @@ def _offloading_vllm_config(
     block_size: int | None = None,
     hosts: int = 1,
     pp: int = 1,
+    executor: str = "mp",
 ) -> Any:
     """The configuration build_offloading_config reads, as upstream's tests
-    build it: a real ParallelConfig on a stand-in VllmConfig; the mp
-    executor on `hosts` nodes, TP `tp` x PP `pp`."""
+    build it: a real ParallelConfig on a stand-in VllmConfig; the `executor`
+    (mp or Ray) on `hosts` nodes, TP `tp` x PP `pp`."""
     from vllm.config import KVTransferConfig, ParallelConfig
     from vllm.platforms import current_platform
 
@@ -322,10 +323,19 @@ def _offloading_vllm_config(
             tensor_parallel_size=tp,
             pipeline_parallel_size=pp,
             decode_context_parallel_size=dcp,
-            distributed_executor_backend="mp",
+            distributed_executor_backend=executor,
         )
-    # As `--nnodes`: set after validation, which asks for the nodes' address.
-    config.parallel_config.nnodes = hosts
+    if executor == "mp":
+        # As `--nnodes`: set after validation, which asks for the nodes'
+        # address.
+        config.parallel_config.nnodes = hosts
+    elif hasattr(config.parallel_config, "worker_node_ids"):
+        # As the tree's Ray executor records it (the 0.34.0 series): the
+        # driver's node's workers first, then each other node's.
+        workers = tp * pp // hosts
+        config.parallel_config.worker_node_ids = [
+            f"node-{rank // workers}" for rank in range(tp * pp)
+        ]
     config.kv_events_config = None
     config.use_v2_model_runner = False
     config.kv_transfer_config = KVTransferConfig(
@@ -591,7 +601,12 @@ def _stages_agree(arch, tp, dcp, block_size, hosts, pp, configs, scheduler) -> b
 
 
 def measure(
-    arch: architectures.Arch, tp: int, dcp: int, hosts: int, pp: int = 1
+    arch: architectures.Arch,
+    tp: int,
+    dcp: int,
+    hosts: int,
+    pp: int = 1,
+    executor: str = "mp",
 ) -> dict[str, Any]:
     from vllm.config import VllmConfig
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (
@@ -621,7 +636,7 @@ def measure(
 
     offloading = build_offloading_config(
         _offloading_vllm_config(
-            arch, tp, dcp, block_size=block_size, hosts=hosts, pp=pp
+            arch, tp, dcp, block_size=block_size, hosts=hosts, pp=pp, executor=executor
         ),
         kv_cache_config,
     )
@@ -790,6 +805,10 @@ def rejected_by_design(e: Exception) -> str | None:
     return None
 
 
+# What a row records of its deployment under the Ray executor.
+RAY_FIELDS = ("tokens_per_gib", "host_bytes_per_token", "replicated_layout")
+
+
 def main() -> int:
     import argparse
 
@@ -818,6 +837,15 @@ def main() -> int:
                     }
                     try:
                         row.update(measure(arch, tp, dcp, hosts, pp))
+                        if (tp, hosts, pp, dcp) == (
+                            arch.usual_tp,
+                            arch.usual_hosts,
+                            1,
+                            1,
+                        ):
+                            # The same deployment under the Ray executor.
+                            ray = measure(arch, tp, dcp, hosts, executor="ray")
+                            row["ray"] = {key: ray[key] for key in RAY_FIELDS}
                     except Exception as e:
                         reason = rejected_by_design(e)
                         if reason is None:

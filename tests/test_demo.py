@@ -132,6 +132,7 @@ def test_make_demo_prints_the_summary_then_the_table_of_these_numbers(every_row)
         demo.print_summary(shown)
         demo.print_hosts(shown)
         demo.print_pipelines(shown)
+        demo.print_ray(shown)
         demo.print_table(shown)
     assert table == expected.getvalue()
     # The summary leads: one line per model, at its usual TP size.
@@ -822,3 +823,37 @@ def test_pipeline_stages_keep_regions_of_their_own(pp_rows, all_rows):
     assert not pp_rows[(draft, 8, 1, 2, 2)][RELEASE]["stages_agree"]
     # Equal stages (31 + 30 layers and the MTP layer) agree in 0.34.0.
     assert pp_rows[("DeepSeek-V3 + MTP draft", 8, 1, 1, 2)][RELEASE]["stages_agree"]
+
+
+def test_under_ray_the_series_shares_as_under_mp_and_the_release_does_not(
+    every_row,
+):
+    """Each model in its usual deployment under the Ray executor: the series
+    reserves exactly what it reserves under mp (Ray records each worker's
+    node); 0.34.0 keeps a copy per worker there, TP times its own mp
+    single copy for the MLA-only models, and its mp rows elsewhere."""
+    usual = [r for r in demo.summary_rows(list(every_row.values())) if demo._ok(r)]
+    assert {r["arch"] for r in usual} == {
+        a.name for a in demo.architectures.ARCHITECTURES
+    }
+    for row in usual:
+        key = (row["arch"], row["tp"], row["hosts"])
+        series, release = row[SERIES_034], row[RELEASE]
+        for k in ("tokens_per_gib", "host_bytes_per_token"):
+            assert series["ray"][k] == series[k], (key, k)
+        assert not release["ray"]["replicated_layout"], key
+        if row["arch"] in MLA_ONLY and row["hosts"] == 1:
+            assert release["replicated_layout"], key
+            assert release["ray"]["host_bytes_per_token"] == pytest.approx(
+                row["tp"] * release["host_bytes_per_token"]
+            ), key
+        elif not release["replicated_layout"]:
+            assert release["ray"] == {k: release[k] for k in release["ray"]}, key
+        assert series["ray"]["tokens_per_gib"] >= release["ray"]["tokens_per_gib"]
+    # The Ray rows are what users on Ray gain: several times more for MLA.
+    gains = {
+        r["arch"]: r[SERIES_034]["ray"]["tokens_per_gib"]
+        / r[RELEASE]["ray"]["tokens_per_gib"]
+        for r in usual
+    }
+    assert gains["DeepSeek-V3 (MLA)"] >= 8
