@@ -844,8 +844,9 @@ def test_under_ray_the_series_shares_as_under_mp_and_the_release_does_not(
         assert not release["ray"]["replicated_layout"], key
         if row["arch"] in MLA_ONLY and row["hosts"] == 1:
             assert release["replicated_layout"], key
+            # TP copies (within the page rounding of the one-copy row).
             assert release["ray"]["host_bytes_per_token"] == pytest.approx(
-                row["tp"] * release["host_bytes_per_token"]
+                row["tp"] * release["host_bytes_per_token"], rel=0.01
             ), key
         elif not release["replicated_layout"]:
             assert release["ray"] == {k: release[k] for k in release["ray"]}, key
