@@ -606,8 +606,11 @@ def measure(
     dcp: int,
     hosts: int,
     pp: int = 1,
-    executor: str = "mp",
+    ray: bool = False,
 ) -> dict[str, Any]:
+    """The row of `arch` at TP `tp`, DCP `dcp` on `hosts` hosts with PP `pp`
+    under the mp executor; with `ray`, also what the same KV cache configs
+    take under the Ray executor (row["ray"])."""
     from vllm.config import VllmConfig
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (
         build_offloading_config,
@@ -634,14 +637,30 @@ def measure(
     # The first worker's: the scheduler's, as the engine core copies it.
     kv_cache_config = configs[0]
 
-    offloading = build_offloading_config(
-        _offloading_vllm_config(
-            arch, tp, dcp, block_size=block_size, hosts=hosts, pp=pp, executor=executor
-        ),
-        kv_cache_config,
-    )
-    with patch.object(CPUOffloadingSpec, "_uses_shared_region", return_value=True):
-        spec = CPUOffloadingSpec(offloading)
+    def offload(executor: str):
+        offloading = build_offloading_config(
+            _offloading_vllm_config(
+                arch,
+                tp,
+                dcp,
+                block_size=block_size,
+                hosts=hosts,
+                pp=pp,
+                executor=executor,
+            ),
+            kv_cache_config,
+        )
+        with patch.object(CPUOffloadingSpec, "_uses_shared_region", return_value=True):
+            return offloading, CPUOffloadingSpec(offloading)
+
+    def replicated_layout(offloading, spec) -> bool:
+        # One host copy serves every rank (the release and 0.30.0: the
+        # spec's row of one block; the 0.34.0 series: every layer's plan).
+        return bool(
+            spec.replicated_layout or getattr(offloading, "replicated_layout", False)
+        )
+
+    offloading, spec = offload("mp")
     # A chunk of tokens is a chunk of every offloaded group; every group of
     # these models spans the same tokens per block (a hybrid's state blocks
     # are aligned to its attention blocks).
@@ -665,11 +684,7 @@ def measure(
             getattr(kv_cache_config, "kv_tp_replica_groups", ())
         )
         or None,
-        # One host copy serves every rank (the release and 0.30.0: the
-        # spec's row of one block; the 0.34.0 series: every layer's plan).
-        "replicated_layout": bool(
-            spec.replicated_layout or getattr(offloading, "replicated_layout", False)
-        ),
+        "replicated_layout": replicated_layout(offloading, spec),
         "offloaded_groups": len(offloading.groups),
         "tokens_per_chunk": tokens_per_chunk,
         # Host copies of each chunk: one per rank, one per replica group it
@@ -691,6 +706,16 @@ def measure(
         ),
         "layer_classes": _layer_classes(arch, offloading, layout),
     }
+    if ray:
+        # The same deployment under the Ray executor, which records each
+        # worker's node (the 0.34.0 series reads it).
+        ray_offloading, ray_spec = offload("ray")
+        host = _host_bytes(ray_spec, ray_offloading, tokens_per_chunk)
+        row["ray"] = {
+            "tokens_per_gib": host["tokens_per_gib"],
+            "host_bytes_per_token": host["host_bytes_per_token"],
+            "replicated_layout": replicated_layout(ray_offloading, ray_spec),
+        }
     if pp > 1:
         row["stages_agree"] = _stages_agree(
             arch, tp, dcp, block_size, hosts, pp, configs, spec
@@ -805,10 +830,6 @@ def rejected_by_design(e: Exception) -> str | None:
     return None
 
 
-# What a row records of its deployment under the Ray executor.
-RAY_FIELDS = ("tokens_per_gib", "host_bytes_per_token", "replicated_layout")
-
-
 def main() -> int:
     import argparse
 
@@ -836,16 +857,10 @@ def main() -> int:
                         "pp": pp,
                     }
                     try:
-                        row.update(measure(arch, tp, dcp, hosts, pp))
-                        if (tp, hosts, pp, dcp) == (
-                            arch.usual_tp,
-                            arch.usual_hosts,
-                            1,
-                            1,
-                        ):
-                            # The same deployment under the Ray executor.
-                            ray = measure(arch, tp, dcp, hosts, executor="ray")
-                            row["ray"] = {key: ray[key] for key in RAY_FIELDS}
+                        # The usual deployment under Ray too.
+                        usual = (tp, hosts) == (arch.usual_tp, arch.usual_hosts)
+                        ray = usual and pp == 1 and dcp == 1
+                        row.update(measure(arch, tp, dcp, hosts, pp, ray=ray))
                     except Exception as e:
                         reason = rejected_by_design(e)
                         if reason is None:
