@@ -69,9 +69,10 @@ RETRY_WAIT_S = 60
 
 def run(cmd, cwd=None, env=None, check=True, capture=False, quiet=False, attempts=1):
     """Run `cmd`; with `check`, a failure raises WsError naming it. A command
-    that downloads is given `attempts` > 1: a failed attempt is run again a
-    minute later (a registry or a connection may recover), and only the last
-    failure is raised. Such a command must be safe to repeat (pip's are)."""
+    that downloads is given `attempts` > 1: a failed attempt is run again
+    RETRY_WAIT_S later (a registry or a connection may recover), and only
+    the last failure is raised. Such a command must be safe to repeat (pip's
+    are)."""
     if not quiet:
         print("+", " ".join(str(c) for c in cmd), flush=True)
     full_env = None if env is None else {**os.environ, **env}
