@@ -433,7 +433,16 @@ def _host_bytes(spec, offloading, tokens_per_chunk: int) -> dict[str, Any]:
         )
         units = sum(layout.group_units)
     per_chunk = chunk_host_bytes(spec, units)
-    tokens_per_gib = spec.num_chunks // units * tokens_per_chunk
+    # Under PP (the 0.34.0 series), each stage's units of its own: the
+    # chunks of every group the stage that holds the fewest holds.
+    tokens_per_gib = (
+        min(
+            n // sum(stage.group_units)
+            for n, stage in zip(spec.stage_num_chunks, layout.stages)
+        )
+        if getattr(spec, "stage_units", None)
+        else spec.num_chunks // units
+    ) * tokens_per_chunk
     assert tokens_per_gib == GiB // per_chunk * tokens_per_chunk, (units, per_chunk)
     return {
         "host_units_per_chunk": units,
@@ -446,10 +455,14 @@ def _host_bytes(spec, offloading, tokens_per_chunk: int) -> dict[str, Any]:
 def chunk_host_bytes(spec, units: int) -> int:
     """The host bytes of `units` units (rows) of the spec: where each host
     (and, under PP, each stage) keeps its workers' copies in a region of its
-    own (the 0.34.0 series), the units in each."""
-    return units * getattr(
-        spec, "host_bytes_per_unit", spec.kv_bytes_per_chunk * _regions(spec)
-    )
+    own (the 0.34.0 series), the units in each. Under PP, where each stage
+    has units of its own (the series), those of a chunk of every group on
+    every stage (`units` is then the first stage's)."""
+    if getattr(spec, "stage_units", None):
+        return _regions(spec) * sum(
+            stage.unit_bytes * sum(stage.group_units) for stage in spec.layout.stages
+        )
+    return units * spec.kv_bytes_per_chunk * _regions(spec)
 
 
 def _regions(spec) -> int:
@@ -596,7 +609,10 @@ def _stages_agree(arch, tp, dcp, block_size, hosts, pp, configs, scheduler) -> b
         host = rank // (tp * pp // hosts)
         rows = (spec.num_chunks, spec.kv_bytes_per_chunk)
         agree &= regions.setdefault((host, name), rows) == rows
-        agree &= spec.num_chunks >= scheduler.num_chunks
+        # The units the scheduler hands out of the stage's regions (the
+        # series gives each stage units of its own).
+        handed = getattr(scheduler, "stage_num_chunks", None)
+        agree &= spec.num_chunks >= (handed[stage] if handed else scheduler.num_chunks)
     return agree
 
 
