@@ -13,7 +13,7 @@ WS := $(PYTHON) tools/ws.py $(if $(BASE),--base $(BASE))
 EXTENSIONS ?=
 
 .PHONY: all setup fetch tree install export check-series lint check-each \
-	upstream-tests project-tests e2e test demo bench wheel
+	upstream-tests project-tests e2e test demo bench perf wheel
 
 all: install
 
@@ -68,6 +68,12 @@ demo:
 bench:
 	@$(MAKE) --no-print-directory install BASE=0.34.0 >&2
 	@. tools/testenv.sh && python bench/bench.py $(ARGS)
+
+# The per-step cost of the 0.34.0 series against the release, side by side
+# (bench/perf.py): `make perf`, or `make perf ARGS="--model DeepSeek-V3"`.
+perf:
+	@$(MAKE) --no-print-directory install BASE=0.34.0 >&2
+	@. tools/testenv.sh && python bench/perf.py $(ARGS)
 
 # A wheel of vLLM V with its series and the release's CUDA extensions, for
 # GPU machines: dist/vllm-V+tprep.<series digest>-*.whl (tools/wheels.py).

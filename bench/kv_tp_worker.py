@@ -440,7 +440,7 @@ def _host_bytes(spec, offloading, tokens_per_chunk: int) -> dict[str, Any]:
             n // sum(stage.group_units)
             for n, stage in zip(spec.stage_num_chunks, layout.stages)
         )
-        if getattr(spec, "stage_units", None)
+        if len(getattr(spec, "pools", ())) > 1
         else spec.num_chunks // units
     ) * tokens_per_chunk
     assert tokens_per_gib == GiB // per_chunk * tokens_per_chunk, (units, per_chunk)
@@ -458,7 +458,7 @@ def chunk_host_bytes(spec, units: int) -> int:
     own (the 0.34.0 series), the units in each. Under PP, where each stage
     has units of its own (the series), those of a chunk of every group on
     every stage (`units` is then the first stage's)."""
-    if getattr(spec, "stage_units", None):
+    if len(getattr(spec, "pools", ())) > 1:
         return _regions(spec) * sum(
             stage.unit_bytes * sum(stage.group_units) for stage in spec.layout.stages
         )
@@ -583,6 +583,29 @@ def _pipeline_stages(
     return stages
 
 
+class _RegionNamed(Exception):
+    pass
+
+
+def _region_name(spec) -> str:
+    """The name of the host region ``spec``'s worker would map, as the
+    tree's own create_worker names it."""
+    from vllm.v1.kv_offload.cpu import spec as spec_module
+
+    def named(engine_id: str, **kwargs):
+        raise _RegionNamed(engine_id)
+
+    with (
+        patch.object(spec_module, "SharedOffloadRegion", side_effect=named),
+        patch.object(type(spec), "_uses_shared_region", return_value=True),
+    ):
+        try:
+            spec.create_worker(MagicMock())
+        except _RegionNamed as region:
+            return region.args[0]
+    raise AssertionError("create_worker mapped no shared region")
+
+
 def _stages_agree(arch, tp, dcp, block_size, hosts, pp, configs, scheduler) -> bool:
     """Whether the workers of every stage lay out a region they share on one
     host alike (the same rows), with at least the scheduler's rows: each
@@ -605,7 +628,7 @@ def _stages_agree(arch, tp, dcp, block_size, hosts, pp, configs, scheduler) -> b
             spec = CPUOffloadingSpec(build_offloading_config(config, configs[rank]))
         # The release names the region by the engine, the series by its
         # stage and host too.
-        name = getattr(spec, "region_id", spec.config.engine_id)
+        name = _region_name(spec)
         host = rank // (tp * pp // hosts)
         rows = (spec.num_chunks, spec.kv_bytes_per_chunk)
         agree &= regions.setdefault((host, name), rows) == rows
@@ -614,6 +637,38 @@ def _stages_agree(arch, tp, dcp, block_size, hosts, pp, configs, scheduler) -> b
         handed = getattr(scheduler, "stage_num_chunks", None)
         agree &= spec.num_chunks >= (handed[stage] if handed else scheduler.num_chunks)
     return agree
+
+
+def plan(
+    arch: architectures.Arch,
+    tp: int,
+    dcp: int,
+    pp: int = 1,
+    memory: int = 64 * GiB,
+    layout: str = "BLNHC",
+):
+    """The block size and every worker's KV cache config of ``arch`` at TP
+    ``tp`` x PP ``pp`` (DCP ``dcp``), as this tree's engine core plans them
+    for ``memory`` bytes of KV cache per worker in ``layout``."""
+    from vllm.config import VllmConfig
+
+    if arch.model_dir is None:
+        vllm_config = VllmConfig(model_config=_model_config())
+        vllm_config.parallel_config.tensor_parallel_size = tp
+        vllm_config.parallel_config.decode_context_parallel_size = dcp
+        vllm_config.cache_config.block_size = arch.block_size
+        specs = _layer_specs(arch, tp)
+    else:
+        vllm_config = _hybrid_config(arch, tp, dcp)
+        specs = _layer_specs(arch, tp, vllm_config)
+    # Block-outermost by default, as the engine core resolves it for these
+    # hybrid models; it lets mixed page sizes pack into one block.
+    vllm_config.cache_config.kv_cache_layout = layout
+    # Every worker's specs: its stage's (rank = stage * tp + TP rank).
+    stages = _pipeline_stages(arch, specs, pp)
+    workers = [stages[rank // tp] for rank in range(tp * pp)]
+    configs = _kv_cache_configs(vllm_config, workers, [memory] * len(workers))
+    return vllm_config.cache_config.block_size, configs
 
 
 def measure(
@@ -627,29 +682,12 @@ def measure(
     """The row of `arch` at TP `tp`, DCP `dcp` on `hosts` hosts with PP `pp`
     under the mp executor; with `ray`, also what the same KV cache configs
     take under the Ray executor (row["ray"])."""
-    from vllm.config import VllmConfig
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (
         build_offloading_config,
     )
     from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
-    if arch.model_dir is None:
-        vllm_config = VllmConfig(model_config=_model_config())
-        vllm_config.parallel_config.tensor_parallel_size = tp
-        vllm_config.parallel_config.decode_context_parallel_size = dcp
-        vllm_config.cache_config.block_size = arch.block_size
-        specs = _layer_specs(arch, tp)
-    else:
-        vllm_config = _hybrid_config(arch, tp, dcp)
-        specs = _layer_specs(arch, tp, vllm_config)
-    block_size = vllm_config.cache_config.block_size
-    # Block-outermost, as the engine core resolves it for these hybrid
-    # models; it lets mixed page sizes pack into one block.
-    vllm_config.cache_config.kv_cache_layout = "BLNHC"
-    # Every worker's specs: its stage's (rank = stage * tp + TP rank).
-    stages = _pipeline_stages(arch, specs, pp)
-    workers = [stages[rank // tp] for rank in range(tp * pp)]
-    configs = _kv_cache_configs(vllm_config, workers, [64 * GiB] * len(workers))
+    block_size, configs = plan(arch, tp, dcp, pp)
     # The first worker's: the scheduler's, as the engine core copies it.
     kv_cache_config = configs[0]
 
@@ -673,7 +711,8 @@ def measure(
         # One host copy serves every rank (the release and 0.30.0: the
         # spec's row of one block; the 0.34.0 series: every layer's plan).
         return bool(
-            spec.replicated_layout or getattr(offloading, "replicated_layout", False)
+            getattr(spec, "replicated_layout", False)
+            or getattr(offloading, "replicated_layout", False)
         )
 
     offloading, spec = offload("mp")
@@ -827,7 +866,9 @@ def _canonical_layout(
         spec = TieringOffloadingSpec(offloading)
         host = _host_bytes(spec, offloading, tokens_per_chunk)
         out[side] = {
-            "replicated_layout": spec.replicated_layout,
+            # The canonical spec shares the config's layout: always a shared
+            # region (0.34.0 names it on the spec too).
+            "replicated_layout": offloading.replicated_layout,
             "parallelism_agnostic": offloading.parallel.is_parallelism_agnostic,
             "host_copies": _host_copies(spec),
             "host_bytes_per_token": host["host_bytes_per_token"],
