@@ -13,7 +13,7 @@ WS := $(PYTHON) tools/ws.py $(if $(BASE),--base $(BASE))
 EXTENSIONS ?=
 
 .PHONY: all setup fetch tree install export check-series lint check-each \
-	upstream-tests project-tests e2e test demo bench perf wheel
+	upstream-tests project-tests e2e test demo bench perf pr wheel
 
 all: install
 
@@ -68,6 +68,12 @@ demo:
 bench:
 	@$(MAKE) --no-print-directory install BASE=0.34.0 >&2
 	@. tools/testenv.sh && python bench/bench.py $(ARGS)
+
+# The series as the pull requests upstream receives, in merge order: each
+# one's patch and description under build/pr/<base>/ (tools/pr.py).
+pr:
+	@$(MAKE) --no-print-directory tree BASE=$(or $(BASE),0.34.0) >&2
+	$(PYTHON) tools/pr.py --base $(or $(BASE),0.34.0)
 
 # The per-step cost of the 0.34.0 series against the release, side by side
 # (bench/perf.py): `make perf`, or `make perf ARGS="--model DeepSeek-V3"`.
