@@ -589,7 +589,7 @@ class _RegionNamed(Exception):
 
 def _region_name(spec) -> str:
     """The name of the host region ``spec``'s worker would map, as the
-    tree's own create_worker names it."""
+    tree's own create_worker names it (0.30.0's asks for the device first)."""
     from vllm.v1.kv_offload.cpu import spec as spec_module
 
     def named(engine_id: str, **kwargs):
@@ -598,6 +598,7 @@ def _region_name(spec) -> str:
     with (
         patch.object(spec_module, "SharedOffloadRegion", side_effect=named),
         patch.object(type(spec), "_uses_shared_region", return_value=True),
+        patch.object(torch.accelerator, "current_device_index", return_value=0),
     ):
         try:
             spec.create_worker(MagicMock())
