@@ -155,3 +155,40 @@ def test_deselected_test_fails_the_same_on_the_base(version, prefix, runs):
             f"these tests does on the base: {sorted(map(str, base_failures))}"
         )
 
+
+
+@pytest.mark.parametrize("base", ws.bases())
+def test_every_rerun_names_an_upstream_test_with_a_reason(base):
+    for node, reason in deselected.entries(base, "rerun.txt"):
+        path, _, name = node.partition("::")
+        assert name and (ROOT / "build" / f"vllm-{base}" / path).exists(), node
+        assert f"def {name}(" in (ROOT / "build" / f"vllm-{base}" / path).read_text()
+        assert len(reason.split()) >= 3, f"{node}: reason too short: {reason!r}"
+
+
+@pytest.mark.parametrize(
+    "failures, outcome", [(1, "1 failed, 1 passed, 1 rerun"), (2, "2 failed, 1 rerun")]
+)
+def test_a_listed_test_is_rerun_once_and_no_other(tmp_path, failures, outcome):
+    """tools/ws_rerun_plugin.py: a listed test that fails once passes on its
+    rerun, one that fails twice fails; an unlisted test is never rerun."""
+    (tmp_path / "test_x.py").write_text(
+        "import pathlib\n"
+        "def test_listed(tmp_path_factory):\n"
+        "    count = pathlib.Path(__file__).with_name('runs')\n"
+        "    runs = int(count.read_text()) + 1 if count.exists() else 1\n"
+        "    count.write_text(str(runs))\n"
+        f"    assert runs > {failures}\n"
+        "def test_unlisted():\n"
+        "    assert False\n"
+    )
+    (tmp_path / "rerun.txt").write_text("test_x.py::test_listed  # fails at first\n")
+    result = subprocess.run(
+        [ws.Workspace(base=ws.bases()[-1]).python, "-m", "pytest", "-q",
+         "-p", "no:cacheprovider", "-p", "ws_rerun_plugin",
+         f"--rerun-list={tmp_path / 'rerun.txt'}", "test_x.py"],
+        cwd=tmp_path, capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "tools")},
+    )  # fmt: skip
+    summary = result.stdout.strip().splitlines()[-1]
+    assert summary.startswith(outcome), result.stdout

@@ -52,7 +52,8 @@ class ChecksMixin:
         # The result depends only on these inputs: skip a re-run that could
         # only repeat the last pass.
         inputs = [self.lock_file, self.base_dir / "mypy.txt",
-                  self.base_dir / "deselected.txt", Path(deselected.__file__),
+                  self.base_dir / "deselected.txt", self.base_dir / "rerun.txt",
+                  Path(deselected.__file__),
                   *sorted((self.root / "requirements").glob("*.txt")),
                   *TOOLING, self.series_file, *(self.patches / n for n in series)]  # fmt: skip
         cache = self.root / ".cache"
@@ -191,6 +192,7 @@ class ChecksMixin:
             ]
             steps.append([self.python, "-m", "pytest", "-p", "no:cacheprovider",
                           "-p", PYTEST_PLUGIN.stem, "-p", "checks_last_test",
+                          *deselected.rerun_args(self.base),
                           "-q", *deselect, *tests])  # fmt: skip
         pythonpath = f"{tree}:{PYTEST_PLUGIN.parent}"
         env = {**self.test_environ(), "PYTHONPATH": pythonpath}
