@@ -8,9 +8,8 @@ Reruns run through pytest-rerunfailures (vLLM's own test requirement)."""
 
 from pathlib import Path
 
-import pytest
-
 import deselected
+import pytest
 
 
 def pytest_addoption(parser):
