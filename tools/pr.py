@@ -53,7 +53,7 @@ def describe(n: int, total: int, patch: str, base: str) -> tuple[str, str]:
     """The PR's title and its sections."""
     title, paragraphs = _message(patch)
     files, tests = _stats(patch)
-    proof = [p for p in paragraphs if re.match(r"(Proven|Tested|Unsampled)", p)]
+    proof = [p for p in paragraphs if re.match(r"(Proven|Tested|Measured|Unsampled)", p)]
     details = [p for p in paragraphs[1:] if p not in proof]
     vllm = [v for f, v in files.items() if f.startswith("vllm/")]
     claims = [
