@@ -45,7 +45,9 @@ def _stats(patch: str) -> tuple[dict[str, list[int]], list[str]]:
             files[current][0] += 1
         elif current and line.startswith("-") and not line.startswith("---"):
             files[current][1] += 1
-    tests = sorted(f for f in files if f.startswith("tests/") and f.endswith(".py"))
+    tests = sorted(
+        f for f in files if f.startswith("tests/") and Path(f).name.startswith("test_")
+    )
     return files, tests
 
 
@@ -54,7 +56,9 @@ def describe(n: int, total: int, patch: str, base: str) -> tuple[str, str]:
     title, paragraphs = _message(patch)
     files, tests = _stats(patch)
     proof = [p for p in paragraphs if re.match(r"(Proven|Tested|Measured|Unsampled)", p)]
-    details = [p for p in paragraphs[1:] if p not in proof]
+    # The overview: the first paragraph, with the list it introduces.
+    overview = paragraphs[: 2 if paragraphs and paragraphs[0].endswith(":") else 1]
+    details = [p for p in paragraphs if p not in proof and p not in overview]
     vllm = [v for f, v in files.items() if f.startswith("vllm/")]
     claims = [
         f"PR {n} of {total} of the KV-cache TP replication series, on vLLM "
@@ -70,7 +74,7 @@ def describe(n: int, total: int, patch: str, base: str) -> tuple[str, str]:
         "```",
     ]
     sections = {
-        "Overview": paragraphs[0] if paragraphs else title,
+        "Overview": "\n\n".join(overview) or title,
         "Claims": "\n".join(f"- {c}" for c in claims),
         "Validation": "\n\n".join(validation[: len(proof)])
         + ("\n\n" if proof else "")
