@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
+import subprocess
 from email import message_from_string
 from email.header import decode_header, make_header
 from pathlib import Path
@@ -34,17 +35,16 @@ def _message(patch: str) -> tuple[str, list[str]]:
 
 
 def _stats(patch: str) -> tuple[dict[str, list[int]], list[str]]:
-    """Lines added and removed per file, and the test files touched."""
+    """Lines added and removed per file (git's own count), and the test
+    files touched."""
+    numstat = subprocess.run(
+        ["git", "apply", "--numstat", "-"],
+        input=patch, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
     files: dict[str, list[int]] = {}
-    current = None
-    for line in patch.splitlines():
-        if line.startswith("diff --git "):
-            current = line.split(" b/", 1)[1]
-            files[current] = [0, 0]
-        elif current and line.startswith("+") and not line.startswith("+++"):
-            files[current][0] += 1
-        elif current and line.startswith("-") and not line.startswith("---"):
-            files[current][1] += 1
+    for line in numstat.splitlines():
+        added, removed, path = line.split("\t", 2)
+        files[path] = [int(added), int(removed)]
     tests = sorted(
         f for f in files if f.startswith("tests/") and Path(f).name.startswith("test_")
     )
