@@ -26,9 +26,14 @@ def test_each_description_is_the_patchs_own(name):
     assert [line for line in sections.splitlines() if line.startswith("## ")] == [
         f"## {s}" for s in pr.SECTIONS
     ]
-    added = sum(
-        a for f, (a, _) in pr._stats(patch)[0].items() if f.startswith("vllm/")
-    )
+    # The lines the PR adds under vllm/, as the tree's own commit of it says.
+    tree = ws.Workspace(ROOT, BASE).tree
+    commit = f"HEAD~{len(SERIES) - 1 - SERIES.index(name)}"
+    numstat = subprocess.run(
+        ["git", "-C", str(tree), "diff", "--numstat", f"{commit}~1", commit, "--", "vllm"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    added = sum(int(line.split("\t")[0]) for line in numstat.splitlines())
     assert f"+{added} / -" in sections
     # The test plan runs the test files the patch touches, and nothing else.
     touched = sorted(
