@@ -61,9 +61,10 @@ demo:
 	@$(MAKE) --no-print-directory install >&2
 	@. tools/testenv.sh && python bench/demo.py $(ARGS)
 
-# What users buy: prefix-cache hit rate and TTFT on generated traces,
-# replayed through the real scheduler of vLLM 0.34.0 as released and with
-# its series (bench/bench.py); `make bench ARGS=--json`, or
+# What users buy: prefix-cache hit rate against host memory on Mooncake's
+# conversation trace, replayed whole, with vLLM 0.34.0 as released and with
+# its series (bench/bench.py); `make bench ARGS=--json`,
+# `make bench ARGS="--trace FILE"`, or
 # `make bench ARGS="--plot docs/bench-hit-rate.png"`.
 bench:
 	@$(MAKE) --no-print-directory install BASE=0.34.0 >&2

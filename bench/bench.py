@@ -1,17 +1,18 @@
-"""`make bench`: what users buy, prefix-cache hit rate and time to first
-token, with vLLM 0.34.0 as released and with this project's series.
+"""`make bench`: what users buy on a real production trace, with vLLM 0.34.0
+as released and with this project's series.
 
-For each deployment of the demo (bench/architectures.py, at its usual TP
-size, on hosts of 8 GPUs: TP 16 on two) and each workload of bench/workloads.py, replays the trace through
-the real scheduler of each tree (bench/replay.py: vLLM's Scheduler, the
-OffloadingConnector's scheduler side, the tree's own CPUOffloadingSpec and
-manager), at each host memory size, and with an unbounded host cache (the
-ceiling). It prints what fraction of the prompt tokens hit the GPU prefix
-cache and host memory, the prefill tokens computed, and the estimated TTFT
-(bench/costs.py: H200, PCIe 5 x16), release against series.
+Replays a request trace (by default Mooncake's conversation trace,
+bench/traces/) whole, for each deployment of the demo (bench/architectures.py,
+at its usual TP size, on hosts of 8 GPUs: TP 16 on two): each tree sizes the
+deployment's GPU KV cache and its host cache (bench/sizing.py, run in the
+tree), and bench/trace_replay.py serves the trace through a model of the two
+caches at every host size at once. It prints the share of prompt tokens
+served from cache against host memory, release against series: the ceiling
+(a host cache that never evicts), the host memory each needs to reach 90% of
+it, the hit rate at 1 TiB of host memory per 8-GPU host, and the prefill
+compute the cache saves (GPU-hours at peak FLOP/s, per hour of trace).
 
-    python bench/bench.py [--json] [--plot PATH] [--model M] [--workload W]
-                          [--policies lru,arc] [--requests N]
+    python bench/bench.py [--json] [--plot PATH] [--model M] [--trace FILE]
     (make bench sets everything up first)
 """
 
@@ -32,67 +33,37 @@ import ws
 sys.path.insert(0, str(ROOT / "bench"))
 import architectures
 import costs
-import workloads
+import trace_replay
+from trace_replay import BLOCK_TOKENS, NEVER
 
 GiB = 1 << 30
 BASE = "0.34.0"
 RELEASE, SERIES = "0.34.0", "0.34.0+series"
-REPLAY = ROOT / "bench" / "replay.py"
-# Host memory of the deployment (cpu_bytes_to_use), the sizes compared.
-HOST_SIZES = (256 * GiB, 1024 * GiB, 2048 * GiB)
-# The size the summary's TTFT is read at.
-TTFT_SIZE = 1024 * GiB
-# An unbounded host cache: more than any trace stores.
-UNBOUNDED = 1 << 60
-# Prompt tokens a replay runs (warm-up included), chosen so that `make
-# bench` takes at most 10 minutes on a 2-core machine.
-TARGET_TOKENS = 6_000_000
-SEED = 0
+SIZING = ROOT / "bench" / "sizing.py"
+TRACE = ROOT / "bench" / "traces" / "mooncake_conversation_trace.jsonl.gz"
+# The host sizes of the sweep, in GPU prefix caches: host memory that holds
+# that many times the GPU cache's tokens in the release's layout.
+SWEEP = (0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
+# Host memory an 8-GPU host gives the KV cache: half of the 2 TB of system
+# memory of an NVIDIA DGX H200 (its datasheet), the rest left to the OS,
+# the weights' staging and the engine.
+HOST_BYTES_PER_HOST = 1024 * GiB
+# The share of the ceiling the headline asks for.
+TARGET = 0.9
 
 
-def _size(n: int) -> str:
-    if n >= UNBOUNDED:
-        return "unbounded"
-    return f"{n // GiB} GiB" if n < 1024 * GiB else f"{n // (1024 * GiB)} TiB"
-
-
-def jobs(models, workload_names, policies, tokens) -> dict[str, list[dict]]:
-    """The replays of each tree: every host size and policy in both; the
-    ceiling (an unbounded LRU cache, which holds all a trace stores in
-    either tree) in one of them, taking turns, for balance."""
-    per_tree: dict[str, list[dict]] = {RELEASE: [], SERIES: []}
-    turn = 0
-    for arch in architectures.ARCHITECTURES:
-        if models and not any(m in arch.name for m in models):
-            continue
-        for name in workload_names:
-            caches = [
-                {"host_bytes": size, "policy": policy}
-                for policy in policies
-                for size in HOST_SIZES
-            ]
-            for tree in (RELEASE, SERIES):
-                extra = []
-                if (turn % 2 == 0) == (tree == RELEASE):
-                    extra = [{"host_bytes": UNBOUNDED, "policy": "lru"}]
-                per_tree[tree].append(
-                    {
-                        "arch": arch.name,
-                        "tp": arch.usual_tp,
-                        "hosts": arch.usual_hosts,
-                        "workload": name,
-                        "seed": SEED,
-                        "target_tokens": tokens,
-                        "caches": caches + extra,
-                    }
-                )
-            turn += 1
-    return per_tree
+def deployments(models: list[str] | None) -> list[dict]:
+    """Each deployment of the demo's summary at its usual TP size and hosts."""
+    return [
+        {"arch": arch.name, "tp": arch.usual_tp, "hosts": arch.usual_hosts}
+        for arch in architectures.ARCHITECTURES
+        if not models or any(m in arch.name for m in models)
+    ]
 
 
 def run_trees(per_tree: dict[str, list[dict]]) -> dict[str, dict]:
-    """Both trees at once (a process each), in the base's test environment;
-    progress on stderr as their jobs end."""
+    """bench/sizing.py in both trees at once (a process each), in the base's
+    test environment; progress on stderr as their jobs end."""
     workspace = ws.Workspace(ROOT, BASE)
     trees = {RELEASE: workspace.base_tree(), SERIES: workspace.tree}
     total = sum(len(jobs) for jobs in per_tree.values())
@@ -110,7 +81,7 @@ def run_trees(per_tree: dict[str, list[dict]]) -> dict[str, dict]:
                 proc = subprocess.Popen(
                     [
                         workspace.python,
-                        str(REPLAY),
+                        str(SIZING),
                         str(jobs_file),
                         str(out),
                         "--progress",
@@ -129,7 +100,9 @@ def run_trees(per_tree: dict[str, list[dict]]) -> dict[str, dict]:
             now = len(progress.read_text().splitlines())
             if now != done:
                 done = now
-                sys.stderr.write(f"bench: {done} of {total} jobs done (both trees)\n")
+                sys.stderr.write(
+                    f"bench: {done} of {total} deployments sized (both trees)\n"
+                )
         failed = [
             (label, proc.returncode, log)
             for label, (proc, _, log) in procs.items()
@@ -141,7 +114,7 @@ def run_trees(per_tree: dict[str, list[dict]]) -> dict[str, dict]:
             label, rc, log = failed[0]
             sys.stderr.write(log.read_text()[-4000:])
             raise SystemExit(
-                f"bench/bench.py: the {label} tree's replay failed (exit {rc}); "
+                f"bench/bench.py: the {label} tree's sizing failed (exit {rc}); "
                 "its output ends above. Outside `make bench`, source "
                 "tools/testenv.sh first."
             )
@@ -152,185 +125,240 @@ def run_trees(per_tree: dict[str, list[dict]]) -> dict[str, dict]:
     return results
 
 
-def merge(results: dict[str, dict]) -> list[dict]:
-    """One row per deployment and workload: its slice, and each tree's
-    result per (host size, policy); the ceiling from whichever tree ran
-    it."""
-    rows = []
-    for release, series in zip(
-        results[RELEASE]["jobs"], results[SERIES]["jobs"], strict=True
-    ):
-        key = (release["arch"], release["tp"], release["workload"])
-        assert key == (series["arch"], series["tp"], series["workload"]), key
-        hosts = release.get("hosts", 1)
-        assert hosts == series.get("hosts", 1), key
-        # The same traffic in both (the series plans the GPU cache as the
-        # release does).
-        for field in ("slice", "sessions", "gpu_tokens_full", "gpu_bytes"):
-            assert release[field] == series[field], (key, field)
-        row = {
-            "arch": key[0],
-            "tp": key[1],
-            "workload": key[2],
-            "hosts": hosts,
+def _run_seconds(compute: costs.Compute, row: dict):
+    """How long a request holds its GPU blocks once admitted: its prefill at
+    peak on the tokens the GPU cache did not hold, then its answer decoded
+    one token a step at batch 1 (bench/costs.py), over its mean context."""
+    tp = row["tp"]
+    per_token = row["rank_bytes_per_token"]
+
+    def seconds(r: trace_replay.Request, gpu_hit_blocks: int) -> float:
+        cached = min(r.input_length, gpu_hit_blocks * BLOCK_TOKENS)
+        prefill = costs.prefill_seconds(compute, tp, cached, r.input_length - cached)
+        context = (r.input_length + r.output_length / 2) * per_token
+        step = costs.decode_seconds_per_token(compute, tp, context)
+        return prefill + r.output_length * step
+
+    return seconds
+
+
+def _prefill_gpu_hours(
+    compute: costs.Compute, replay: trace_replay.Replay, host_blocks: float
+) -> float:
+    """The GPU-hours at peak bf16 FLOP/s of the trace's prefills with a host
+    cache of `host_blocks` blocks (no cache at all for -1)."""
+    flops = 0.0
+    for s in replay.served:
+        hits = 0
+        if host_blocks >= 0:
+            hits = s.gpu_hit_blocks + s.host_hit_blocks(host_blocks)
+        cached = min(s.prompt_tokens, hits * BLOCK_TOKENS)
+        flops += costs.prefill_flops(compute, cached, s.prompt_tokens - cached)
+    return flops / costs.H200_BF16_FLOP_PER_S / 3600
+
+
+def measure(requests: list[trace_replay.Request], sized: dict[str, dict]) -> list[dict]:
+    """One row per deployment (measure_one), from each tree's sizing."""
+    return [
+        measure_one(requests, release, series)
+        for release, series in zip(
+            sized[RELEASE]["jobs"], sized[SERIES]["jobs"], strict=True
+        )
+    ]
+
+
+def measure_one(
+    requests: list[trace_replay.Request], release: dict, series: dict
+) -> dict:
+    """The trace through the deployment's GPU cache (the same in both trees:
+    the series does not change KV cache planning), and what each tree's host
+    cache adds at each host size."""
+    span_h = max(1.0, requests[-1].arrival_s - requests[0].arrival_s) / 3600
+    for key in ("arch", "tp", "hosts", "gpu_tokens", "rank_bytes_per_token"):
+        assert release[key] == series[key], (release, series, key)
+    compute = costs.COMPUTE[release["arch"]]
+    replay = trace_replay.replay(
+        requests,
+        release["gpu_tokens"] // BLOCK_TOKENS,
+        _run_seconds(compute, release),
+    )
+    block_bytes = {
+        label: job["host_bytes_per_chunk"] * BLOCK_TOKENS / job["tokens_per_chunk"]
+        for label, job in ((RELEASE, release), (SERIES, series))
+    }
+
+    def blocks(label: str, host_bytes: float) -> int:
+        return int(host_bytes // block_bytes[label])
+
+    def rates(host_bytes: float) -> dict:
+        return {
+            "host_bytes": host_bytes,
             **{
-                k: release[k]
-                for k in (
-                    "slice",
-                    "sessions",
-                    "sessions_per_s_full",
-                    "span_s",
-                    "warmup_s",
-                    "gpu_tokens_full",
-                )
+                label: replay.hit_rate(blocks(label, host_bytes))
+                for label in block_bytes
             },
-            RELEASE: {},
-            SERIES: {},
         }
-        for label, job in ((RELEASE, release), (SERIES, series)):
-            for result in job["results"]:
-                if result["host_bytes"] >= UNBOUNDED:
-                    row["unbounded"] = result
-                else:
-                    row[label][f"{result['policy']}@{result['host_bytes']}"] = result
-        rows.append(row)
-    return rows
 
-
-def _hits(result: dict) -> float:
-    return result["gpu_hit_rate"] + result["host_hit_rate"]
+    ceiling = replay.hit_rate(NEVER)
+    needed = replay.host_blocks_to_reach(TARGET * ceiling)
+    host_bytes = HOST_BYTES_PER_HOST * release["hosts"]
+    gpu_cache_bytes = release["gpu_tokens"] * block_bytes[RELEASE] / BLOCK_TOKENS
+    return {
+        **{
+            k: release[k]
+            for k in ("arch", "tp", "hosts", "gpu_tokens", "rank_bytes_per_token")
+        },
+        "host_bytes_per_token": {
+            label: b / BLOCK_TOKENS for label, b in block_bytes.items()
+        },
+        "requests": len(replay.served),
+        "too_long": replay.too_long,
+        "max_running": replay.max_running,
+        "max_wait_s": replay.max_wait_s,
+        "prompt_tokens": replay.prompt_tokens,
+        "gpu_hit_rate": replay.hit_rate(0),
+        "ceiling": ceiling,
+        "sweep": [rates(k * gpu_cache_bytes) for k in SWEEP],
+        "typical": rates(host_bytes),
+        "host_bytes_for_target": {
+            label: needed * b for label, b in block_bytes.items()
+        },
+        "prefill_gpu_hours_per_hour": {
+            "no cache": _prefill_gpu_hours(compute, replay, -1) / span_h,
+            **{
+                label: _prefill_gpu_hours(compute, replay, blocks(label, host_bytes))
+                / span_h
+                for label in block_bytes
+            },
+        },
+    }
 
 
 def _pct(x: float) -> str:
-    return f"{100 * x:.0f}%"
+    return f"{100 * x:.1f}%"
 
 
-def _ms(s: float) -> str:
-    return f"{1000 * s:,.0f}"
+def _size(n: float) -> str:
+    if n >= 1024 * GiB:
+        return f"{n / (1024 * GiB):.1f} TiB"
+    return f"{n / GiB:.0f} GiB"
 
 
 def _shape(row: dict) -> str:
-    return architectures.shape(row["tp"], row.get("hosts", 1))
+    return architectures.shape(row["tp"], row["hosts"])
 
 
-def print_summary(rows: list[dict], policy: str) -> None:
+def _describe(requests: list[trace_replay.Request], path: Path) -> str:
+    span = requests[-1].arrival_s - requests[0].arrival_s
+    prompt = sum(r.input_length for r in requests)
+    return (
+        f"{path.name}: {len(requests):,} requests over {span / 60:.0f} min, "
+        f"{prompt / 1e6:.1f} M prompt tokens"
+    )
+
+
+def print_summary(rows: list[dict], about: str) -> None:
     print(
-        "Prompt tokens served from cache (GPU prefix cache + host memory) and "
-        f"time to first token,\nvLLM {RELEASE} as released -> with the series, "
-        f"at each model's usual TP size, on hosts of 8 GPUs ({policy.upper()}):\n"
+        f"{about}, replayed whole. Prompt tokens served from cache (GPU prefix "
+        f"cache + host memory),\nvLLM {RELEASE} as released -> with the series, "
+        "each model at its usual TP size on hosts of 8 GPUs\n(LRU, vLLM's "
+        "default eviction policy):\n"
     )
     width = max(len(r["arch"]) for r in rows)
-    sizes = " ".join(f"{_size(s):>13}" for s in HOST_SIZES)
+    per_host = _size(HOST_BYTES_PER_HOST)
     head = (
-        f"{'model':<{width}} {'hosts':>6} {'workload':<8} | {sizes} {'unbounded':>9} | "
-        f"{'TTFT p50 ms':>15} {'TTFT p90 ms':>15}"
+        f"{'model':<{width}} {'hosts':>6} | {'GPU only':>8} "
+        f"{per_host + ' a host':>17} {'ceiling':>7} | "
+        f"{'host memory for 90% of ceiling':>31} | {'prefill GPU-h/h':>17}"
     )
     print(head)
     print("-" * len(head))
     for row in rows:
-        cells = []
-        for size in HOST_SIZES:
-            r, s = row[RELEASE][f"{policy}@{size}"], row[SERIES][f"{policy}@{size}"]
-            cells.append(f"{_pct(_hits(r)):>5} -> {_pct(_hits(s)):>4}")
-        r = row[RELEASE][f"{policy}@{TTFT_SIZE}"]
-        s = row[SERIES][f"{policy}@{TTFT_SIZE}"]
+        t = row["typical"]
+        need = row["host_bytes_for_target"]
+        hours = row["prefill_gpu_hours_per_hour"]
         print(
-            f"{row['arch']:<{width}} {_shape(row):>6} {row['workload']:<8} | "
-            + " ".join(f"{c:>13}" for c in cells)
-            + f" {_pct(_hits(row['unbounded'])):>9} | "
-            f"{_ms(r['ttft_p50_s']):>6} -> {_ms(s['ttft_p50_s']):>5} "
-            f"{_ms(r['ttft_p90_s']):>6} -> {_ms(s['ttft_p90_s']):>5}"
+            f"{row['arch']:<{width}} {_shape(row):>6} | {_pct(row['gpu_hit_rate']):>8} "
+            f"{_pct(t[RELEASE]) + ' -> ' + _pct(t[SERIES]):>17} "
+            f"{_pct(row['ceiling']):>7} | "
+            f"{_size(need[RELEASE]) + ' -> ' + _size(need[SERIES]):>31} | "
+            f"{hours[RELEASE]:>7.1f} -> {hours[SERIES]:>6.1f}"
         )
     print(
-        f"\nhosts: hosts x GPUs per host, TP over all of them. Host sizes: the "
-        f"deployment's\ncpu_bytes_to_use, all hosts together; unbounded: a host "
-        f"cache that never evicts\n(the ceiling). TTFT at {_size(TTFT_SIZE)}: "
-        f"each request's host hits loaded over PCIe 5 x16, then\nits computed "
-        f"tokens at the {costs.ACCELERATOR}s' peak (bench/costs.py; no "
-        "queueing: a lower bound).\nWorkloads (bench/workloads.py):"
+        f"\nhosts: hosts x GPUs per host, TP over all of them. {per_host} a host: "
+        "the hit rate with that much host\nmemory (cpu_bytes_to_use) on each "
+        "host. ceiling: a host cache that never evicts. prefill GPU-h/h:\n"
+        "the H200 GPU-hours of prefill compute per hour of trace, at peak bf16 "
+        f"FLOP/s (modelled: FLOPs\nof the computed tokens, bench/costs.py), at "
+        f"{per_host} a host; without any cache: see the detail.\n"
+        "Modelled (bench/trace_replay.py): vLLM's GPU prefix cache and the "
+        "connector's LRU host cache, at the\ntrace's 512-token blocks; requests "
+        "overlap from their timestamps, each holding its blocks for its\n"
+        "prefill and decode at peak rates. Sizes (GPU tokens, host bytes a "
+        "token) from each tree itself."
     )
-    for shape in workloads.WORKLOADS.values():
-        print(f"  {shape.name}: {shape.description}; {shape.sources}")
 
 
-def print_detail(rows: list[dict], policies) -> None:
+def print_detail(rows: list[dict]) -> None:
     print(
-        "\nDetail: per deployment, workload, host size and policy, of the "
-        "measured prompt tokens:\nGPU prefix-cache hits, host hits, computed; "
-        "TTFT p50/p90 in ms; release, then series."
+        "\nDetail: the hit rate at each host size (all hosts together), release "
+        "-> series; sizes in GPU\nprefix caches (host memory that holds that "
+        "many times the GPU cache's tokens in the release's layout)."
     )
     for row in rows:
+        per_token = row["host_bytes_per_token"]
+        hours = row["prefill_gpu_hours_per_hour"]
         print(
-            f"\n{row['arch']}, TP {row['tp']} ({_shape(row)}), {row['workload']}: "
-            f"{row['sessions']} sessions, 1/{row['slice']:.1f} of the "
-            f"deployment's ({row['sessions_per_s_full']:.2f} sessions/s over "
-            f"{row['span_s']:.0f} s, the first {row['warmup_s']:.0f} s not "
-            f"measured); GPU cache {row['gpu_tokens_full']:,} tokens"
+            f"\n{row['arch']}, TP {row['tp']} ({_shape(row)}): GPU cache "
+            f"{row['gpu_tokens']:,} tokens; host bytes a token "
+            f"{per_token[RELEASE]:,.0f} -> {per_token[SERIES]:,.0f}; "
+            f"{row['requests']:,} requests ({row['too_long']} longer than the "
+            f"GPU cache), up to {row['max_running']} at once, the longest wait "
+            f"for room {row['max_wait_s']:.1f} s; prefill GPU-h/h without a "
+            f"cache {hours['no cache']:.1f}"
         )
-        results = [("unbounded", "", row["unbounded"])]
-        for policy in policies:
-            for size in HOST_SIZES:
-                for label in (RELEASE, SERIES):
-                    results.append(
-                        (
-                            f"{_size(size)} {policy}",
-                            label,
-                            row[label][f"{policy}@{size}"],
-                        )
-                    )
-        for name, label, r in results:
+        for k, point in zip(SWEEP, row["sweep"], strict=True):
             print(
-                f"  {name:<14} {label:<14} GPU {_pct(r['gpu_hit_rate']):>4}  "
-                f"host {_pct(r['host_hit_rate']):>4}  computed "
-                f"{r['computed_tokens']:>11,}  TTFT {_ms(r['ttft_p50_s']):>6} / "
-                f"{_ms(r['ttft_p90_s']):>6}  ({r['requests']} requests, "
-                f"{r['host_chunks']:,} host chunks)"
+                f"  {k:>5g} x GPU cache  {_size(point['host_bytes']):>9}  "
+                f"{_pct(point[RELEASE]):>6} -> {_pct(point[SERIES]):>6}"
             )
+        print(f"  unbounded                    {_pct(row['ceiling']):>6}")
 
 
-def plot(rows: list[dict], path: Path, policy: str) -> None:
+def plot(rows: list[dict], path: Path) -> None:
     """Hit rate against host memory, per deployment: release and series,
-    each workload, and the unbounded ceiling."""
+    and the ceiling."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    archs = list(dict.fromkeys(r["arch"] for r in rows))
     cols = 3
-    nrows = (len(archs) + cols - 1) // cols
-    fig, axes = plt.subplots(
-        nrows, cols, figsize=(12, 2.6 * nrows), squeeze=False, sharex=True
-    )
-    xs = [s / GiB for s in HOST_SIZES]
+    nrows = (len(rows) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(12, 2.6 * nrows), squeeze=False)
     numbers = {}
-    for ax, arch in zip(axes.flat, archs):
-        mine = [r for r in rows if r["arch"] == arch]
-        for row in mine:
-            color = "C0" if row["workload"] == "chat" else "C1"
-            for label, style in ((RELEASE, ":"), (SERIES, "-")):
-                ys = [_hits(row[label][f"{policy}@{s}"]) for s in HOST_SIZES]
-                ax.plot(
-                    xs,
-                    ys,
-                    style,
-                    marker="o",
-                    color=color,
-                    label=f"{row['workload']}, {'series' if label == SERIES else label}",
-                )
-                numbers[f"{arch}|{row['workload']}|{label}"] = ys
-            ax.axhline(_hits(row["unbounded"]), color=color, alpha=0.3, lw=3)
-        ax.set_title(f"{arch}, TP {mine[0]['tp']} ({_shape(mine[0])})", fontsize=8)
+    for ax, row in zip(axes.flat, rows):
+        xs = [p["host_bytes"] / GiB for p in row["sweep"]]
+        for label, style in ((RELEASE, ":"), (SERIES, "-")):
+            ys = [p[label] for p in row["sweep"]]
+            name = "series" if label == SERIES else f"{label} release"
+            ax.plot(xs, ys, style, marker="o", color="C0", label=name)
+            numbers[f"{row['arch']}|{label}"] = ys
+        ax.axhline(row["ceiling"], color="C1", alpha=0.4, lw=3, label="ceiling")
+        ax.axvline(
+            HOST_BYTES_PER_HOST * row["hosts"] / GiB, color="grey", lw=0.8, ls="--"
+        )
+        ax.set_title(f"{row['arch']} ({_shape(row)})", fontsize=8)
         ax.set_xscale("log", base=2)
-        ax.set_xticks(xs, [_size(s) for s in HOST_SIZES], fontsize=7)
-        ax.set_ylim(0, 1)
+        ax.set_ylim(0, 0.45)
         ax.tick_params(labelsize=7)
-    for ax in list(axes.flat)[len(archs) :]:
+        ax.set_xlabel("host memory, GiB", fontsize=7)
+    for ax in list(axes.flat)[len(rows) :]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=6)
     fig.suptitle(
-        f"Prompt tokens served from cache against host memory ({policy.upper()}); "
-        "bands: unbounded host cache",
+        "Prompt tokens served from cache against host memory, Mooncake "
+        "conversation trace (dashed: 1 TiB a host)",
         fontsize=10,
     )
     fig.tight_layout()
@@ -349,37 +377,29 @@ def main() -> int:
     parser.add_argument("--plot", type=Path, help="draw the hit rates (PNG)")
     parser.add_argument("--model", action="append", help="models whose name has M")
     parser.add_argument(
-        "--workload", action="append", choices=sorted(workloads.WORKLOADS)
-    )
-    parser.add_argument(
-        "--policies", default="lru", help="eviction policies, comma separated"
-    )
-    parser.add_argument(
-        "--tokens",
-        type=int,
-        default=TARGET_TOKENS,
-        help="prompt tokens a replay runs (smaller: faster, noisier)",
+        "--trace",
+        type=Path,
+        default=TRACE,
+        help="a trace in the Mooncake format (JSON lines, gzipped or not)",
     )
     args = parser.parse_args()
-    policies = args.policies.split(",")
-    for policy in policies:
-        if policy not in ("lru", "arc"):
-            parser.error(f"--policies: {policy!r} is neither lru nor arc")
     started = time.monotonic()
-    per_tree = jobs(
-        args.model, args.workload or list(workloads.WORKLOADS), policies, args.tokens
-    )
-    if not per_tree[RELEASE]:
+    try:
+        requests = trace_replay.load(args.trace)
+    except (OSError, trace_replay.TraceError) as e:
+        parser.error(f"--trace: {e}")
+    jobs = deployments(args.model)
+    if not jobs:
         parser.error(f"--model {args.model}: no such model in bench/architectures.py")
-    rows = merge(run_trees(per_tree))
+    rows = measure(requests, run_trees({RELEASE: jobs, SERIES: jobs}))
     if args.json:
-        print(json.dumps({"rows": rows}, indent=1))
+        print(json.dumps({"trace": str(args.trace), "rows": rows}, indent=1))
     else:
-        print_summary(rows, policies[0])
-        print_detail(rows, policies)
-        print(f"\n(replayed in {time.monotonic() - started:.0f} s)")
+        print_summary(rows, _describe(requests, args.trace))
+        print_detail(rows)
+        print(f"\n(sized and replayed in {time.monotonic() - started:.0f} s)")
     if args.plot:
-        plot(rows, args.plot, policies[0])
+        plot(rows, args.plot)
     return 0
 
 

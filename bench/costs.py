@@ -1,12 +1,12 @@
-"""The time model of `make bench` (bench/bench.py): what a request's time to
-first token costs on the accelerator, from the model's FLOPs and bytes.
+"""The cost model of `make bench` (bench/bench.py): each deployment's GPU
+memory, the FLOPs of a prefill, and how long a request holds its blocks,
+from the model's published parameters and the accelerator's datasheet.
 
-Every figure is a named constant with its source. The model is an estimate
-of one request on an otherwise idle deployment (no queueing behind other
-requests): its host hits load over each GPU's PCIe link, then its computed
-tokens run at the GPUs' peak bf16 FLOP/s, reading the weights once per
-prefill chunk. Peak rates make it a lower bound of real TTFT; it is the same
-model for the release and the series, which differ only in what hits.
+Every figure is a named constant with its source. Times are modelled at
+peak rates, one request at a time (no queueing behind other requests): a
+lower bound, the same for the release and the series, which differ only in
+what hits. bench/bench.py reports the prefill FLOPs the cache saves (as
+GPU-hours at peak), not a latency.
 
 Pure Python (no vLLM): the driver and the tests use it as it is.
 """
@@ -23,10 +23,6 @@ H200_HBM_BYTES = 141e9
 H200_HBM_BYTES_PER_S = 4.8e12
 H200_BF16_FLOP_PER_S = 989e12
 ACCELERATOR = "H200"
-# PCI Express 5.0 x16, one direction: 32 GT/s a lane, 16 lanes, 128b/130b
-# encoding (PCI-SIG, PCIe 5.0 base specification): 63 GB/s. Each GPU loads
-# its own KV from host memory over its own link.
-PCIE5_X16_BYTES_PER_S = 32e9 * 16 * 128 / 130 / 8
 # vLLM's default share of GPU memory for weights, activations and KV cache
 # (CacheConfig.gpu_memory_utilization); the bench leaves activations out,
 # so the KV cache gets this share less the weights.
@@ -151,11 +147,10 @@ def gpu_kv_bytes(compute: Compute, gpus: int) -> float:
     return free
 
 
-def prefill_seconds(compute: Compute, gpus: int, cached: int, computed: int) -> float:
-    """Prefill of `computed` tokens after `cached` ones, on `gpus` GPUs at
-    peak: 2 FLOPs per active parameter per token, each token's attention to
-    the tokens before it (within the window), and one read of every GPU's
-    weights per chunk of MAX_NUM_BATCHED_TOKENS."""
+def prefill_flops(compute: Compute, cached: int, computed: int) -> float:
+    """The FLOPs of a prefill of `computed` tokens after `cached` ones: 2 per
+    active parameter per token, and each token's attention to the tokens
+    before it (within the window)."""
     if computed <= 0:
         return 0.0
     window = compute.attention_window
@@ -167,24 +162,27 @@ def prefill_seconds(compute: Compute, gpus: int, cached: int, computed: int) -> 
         # to the window.
         below = max(0, min(computed, window - cached))
         context = below * cached + below * (below - 1) / 2 + (computed - below) * window
-    flops = (
+    return (
         2 * compute.active_params * computed
         + compute.attn_flops_per_context_token * context
     )
+
+
+def prefill_seconds(compute: Compute, gpus: int, cached: int, computed: int) -> float:
+    """Prefill of `computed` tokens after `cached` ones, on `gpus` GPUs at
+    peak (prefill_flops), and one read of every GPU's weights per chunk of
+    MAX_NUM_BATCHED_TOKENS."""
+    if computed <= 0:
+        return 0.0
     chunks = math.ceil(computed / MAX_NUM_BATCHED_TOKENS)
     weights = chunks * compute.weight_bytes / gpus / H200_HBM_BYTES_PER_S
+    flops = prefill_flops(compute, cached, computed)
     return flops / (gpus * H200_BF16_FLOP_PER_S) + weights
 
 
 def peak_prefill_tokens_per_s(compute: Compute, gpus: int) -> float:
     """Prompt tokens a second the GPUs compute at peak, attention aside."""
     return gpus * H200_BF16_FLOP_PER_S / (2 * compute.active_params)
-
-
-def load_seconds(rank_bytes: float) -> float:
-    """Loading one GPU's `rank_bytes` of KV from host memory (every GPU
-    loads its own at once, over its own link)."""
-    return rank_bytes / PCIE5_X16_BYTES_PER_S
 
 
 def decode_seconds_per_token(

@@ -1,14 +1,16 @@
-"""`make bench`: the replay through each tree's real scheduler
-(bench/replay.py) on small traces whose outcome is computed here
-independently, and the pure parts (bench/workloads.py, bench/costs.py).
-
-The replays run in the 0.34.0 release tree and the series tree at once (a
-process each), one batch of jobs per tree for the whole module."""
+"""`make bench`: the trace replay (bench/trace_replay.py) against direct
+simulations written here, on small traces and on the Mooncake trace itself,
+its cost model (bench/costs.py), and `make bench` as a user runs it (each
+tree's sizing, bench/sizing.py, run in the 0.34.0 release tree and in the
+series tree)."""
 
 from __future__ import annotations
 
+import collections
+import gzip
 import json
 import math
+import random
 import sys
 from pathlib import Path
 
@@ -18,243 +20,194 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "bench"))
 import costs
-import workloads
+import trace_replay
+from trace_replay import BLOCK_TOKENS, NEVER, Request
 
 import bench
 
-# A deployment whose series keeps half the release's host copies: 4 KV
-# heads on 8 ranks, each head on 2 (the demo: 2,752 -> 5,568 tokens/GiB).
-ARCH, TP = "Qwen3-235B-like (GQA, 4 KV heads)", 8
-BLOCK = 64
-PREFIX = 200
-# A rank's KV of one token: 94 layers, K and V of one 128-wide bf16 head.
-RANK_BYTES_PER_TOKEN = 94 * 2 * 128 * 2
-UNBOUNDED = 1 << 50
+
+def _write(path: Path, requests: list[dict]) -> Path:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "wt") as f:
+        for r in requests:
+            f.write(json.dumps(r) + "\n")
+    return path
 
 
-def _sessions(n: int, turns: list[tuple[int, int]], gap: float) -> list[dict]:
-    """n sessions of `turns` (new tokens, answer tokens; a little more in
-    some), session i starting at i s, on prefix i % 2, each turn `gap` s
-    after the last (far more than any TTFT or answer here, so the requests
-    come turn by turn, session by session)."""
-    return [
-        {
-            "start_s": float(i),
-            "prefix": i % 2,
-            "turns": [
-                [0.0 if k == 0 else gap, new + 17 * ((i + k) % 3), answer + i]
-                for k, (new, answer) in enumerate(turns)
-            ],
+def _random_trace(seed: int, n: int = 300, recent: int = 40) -> list[Request]:
+    """Conversations that grow a prefix tree: each request extends an
+    earlier one's prefix (one of the `recent` last, or a fresh root) by a
+    few blocks, some with a partial last block."""
+    rng = random.Random(seed)
+    prefixes: list[tuple[int, ...]] = [()]
+    requests = []
+    next_id = 0
+    for k in range(n):
+        base = rng.choice(prefixes[-recent:])[: rng.randint(0, 6)]
+        new = tuple(range(next_id, next_id + rng.randint(1, 4)))
+        next_id += len(new)
+        ids = base + new
+        prefixes.append(ids)
+        tail = rng.choice((0, 0, 100))
+        length = (len(ids) - 1) * BLOCK_TOKENS + (tail or BLOCK_TOKENS)
+        requests.append(Request(k * 0.5, length, rng.randint(1, 600), ids))
+    return requests
+
+
+def _direct_lru(requests: list[Request], gpu_blocks: int, host_blocks: int):
+    """Hit tokens (GPU, host) of requests served one after the other,
+    simulated directly: the GPU's cached blocks and the host's, each an LRU
+    list, the host with `host_blocks` blocks."""
+    gpu: collections.OrderedDict = collections.OrderedDict()
+    host: collections.OrderedDict = collections.OrderedDict()
+    gpu_hits = host_hits = 0
+    for r in requests:
+        ids = r.hash_ids[: r.full_blocks]
+        k = 0
+        while k < len(ids) and ids[k] in gpu:
+            k += 1
+        j = k
+        while j < len(ids) and ids[j] in host:
+            j += 1
+        gpu_hits += k
+        host_hits += j - k
+        for i in ids[k:]:
+            host.pop(i, None)
+            host[i] = None
+            while len(host) > host_blocks:
+                host.popitem(last=False)
+        own = -(-(r.input_length + r.output_length) // BLOCK_TOKENS) - len(ids)
+        for i in ids:
+            gpu.pop(i, None)
+        while len(gpu) + len(set(ids)) + own > gpu_blocks:
+            gpu.popitem(last=False)
+        for i in reversed(ids):
+            gpu[i] = None
+    return gpu_hits * BLOCK_TOKENS, host_hits * BLOCK_TOKENS
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_one_pass_equals_a_direct_lru_at_every_size(seed):
+    """The stack distances give, at every host size, the hits of an LRU
+    host cache of that size simulated directly (requests one at a time:
+    each ends before the next arrives)."""
+    requests = _random_trace(seed)
+    gpu_blocks = 12
+    replay = trace_replay.replay(requests, gpu_blocks, lambda r, hits: 0.1)
+    assert replay.too_long == 0 and replay.max_running == 1
+    for host_blocks in (0, 1, 2, 5, 10, 20, 50, 100, 1000):
+        gpu, host = _direct_lru(requests, gpu_blocks, host_blocks)
+        assert (replay.gpu_hit_tokens, replay.host_hit_tokens(host_blocks)) == (
+            gpu,
+            host,
+        ), host_blocks
+    # Some hit on the host, more with more of it.
+    assert 0 < replay.host_hit_tokens(50) < replay.host_hit_tokens(1000)
+    # The smallest size that reaches a rate, and nothing smaller does.
+    rate = replay.hit_rate(30)
+    n = replay.host_blocks_to_reach(rate)
+    assert n <= 30 and replay.hit_rate(n) >= rate > replay.hit_rate(n - 1)
+
+
+def test_overlapping_requests_hold_their_blocks():
+    """Running requests hold their blocks: one that does not fit beside
+    them waits for one to end (first come, first served), blocks held by a
+    running request are GPU hits of the next, and one longer than the whole
+    cache is never admitted."""
+    a = Request(0.0, 3 * BLOCK_TOKENS, 1, (1, 2, 3))
+    b = Request(1.0, 2 * BLOCK_TOKENS, 1, (1, 2))
+    c = Request(2.0, 3 * BLOCK_TOKENS, 1, (7, 8, 9))
+    huge = Request(3.0, 9 * BLOCK_TOKENS, 1, tuple(range(10, 19)))
+    replay = trace_replay.replay([a, b, c, huge], 8, lambda r, hits: 10.0)
+    # a takes 4 blocks (3 and its answer's), b shares 2 of them and needs 1
+    # for its answer, c needs 4 and waits for a to end at 10 s.
+    assert [s.gpu_hit_blocks for s in replay.served] == [0, 2, 0]
+    assert replay.max_running == 2
+    assert replay.max_wait_s == pytest.approx(8.0)
+    assert replay.too_long == 1
+
+
+def test_the_series_never_serves_less_than_the_release():
+    """Per request and at every size, on a trace whose working set fits the
+    series' host cache but not the release's: the series' layout takes 4
+    times fewer bytes a token (the same GPU cache), and it serves the whole
+    ceiling where the release serves less."""
+    requests = _random_trace(0, 600, recent=600)
+    distinct = len({i for r in requests for i in r.hash_ids[: r.full_blocks]})
+    sized = {}
+    for label, per_chunk in ((bench.RELEASE, 4096), (bench.SERIES, 1024)):
+        sized[label] = {
+            "jobs": [
+                {
+                    "arch": "DeepSeek-V3 (MLA)",
+                    "tp": 8,
+                    "hosts": 1,
+                    "gpu_tokens": 12 * BLOCK_TOKENS,
+                    "rank_bytes_per_token": 1000.0,
+                    "host_bytes_per_chunk": per_chunk,
+                    "tokens_per_chunk": 1,
+                }
+            ]
         }
-        for i in range(n)
-    ]
-
-
-def _prompts(trace: list[dict]) -> list[tuple[int, int, int]]:
-    """(session, turn, prompt length) of each request, in arrival order."""
-    out = []
-    for i, s in enumerate(trace):
-        context = PREFIX
-        for k, (_, new, answer) in enumerate(s["turns"]):
-            context += new
-            out.append((i, k, context))
-            context += answer
-    # Turn by turn, then by start (see _sessions).
-    return sorted(out, key=lambda r: (r[1], r[0]))
-
-
-def expected_hits(trace: list[dict]) -> dict[tuple[int, int], int]:
-    """The prompt tokens a cache that never forgets serves each request:
-    the full blocks of its prompt some earlier request's prompt held (its
-    own session's earlier turns hold theirs, any session on the same prefix
-    the prefix's full blocks), short of its last token, which vLLM always
-    computes."""
-    seen: dict[tuple[int, int], int] = {}  # (prefix, session) -> blocks
-    prefix_seen: set[int] = set()
-    hits = {}
-    for i, k, length in _prompts(trace):
-        prefix = trace[i]["prefix"]
-        blocks = seen.get((prefix, i), 0)
-        if prefix in prefix_seen:
-            blocks = max(blocks, PREFIX // BLOCK)
-        hits[i, k] = BLOCK * min(blocks, (length - 1) // BLOCK)
-        seen[prefix, i] = max(seen.get((prefix, i), 0), length // BLOCK)
-        prefix_seen.add(prefix)
-    return hits
-
-
-# Trace "repeat": 6 sessions of 3 turns; the GPU cache (32 blocks) cannot
-# keep a session's blocks from one of its turns to the next, so the host
-# serves most of its hits.
-REPEAT = _sessions(6, [(300, 80)] * 3, 100.0)
-# Trace "fit": 10 sessions of 2 turns, which store about 76 chunks in all:
-# they fit the series' 90 chunks of host memory, not the release's 45 (the
-# first turns alone store 56).
-FIT = _sessions(10, [(320, 90), (50, 10)], 100.0)
-GPU_BYTES = 32 * BLOCK * RANK_BYTES_PER_TOKEN
-# The release's row: the 8 ranks' blocks of a chunk, one each (the demo:
-# 2,752 tokens per GiB); the series keeps 4 copies (one per pair of ranks).
-RELEASE_CHUNK_BYTES = TP * BLOCK * RANK_BYTES_PER_TOKEN
-FIT_HOST_BYTES = 45 * RELEASE_CHUNK_BYTES + 4096
-
-
-# DeepSeek-V3's MLA latent: 61 layers of 576 bf16 a token, the same on every
-# rank, which the release already keeps once on the host (as the series).
-MLA_ARCH = "DeepSeek-V3 (MLA)"
-MLA_CHUNK_BYTES = 61 * 576 * 2 * BLOCK
-
-
-def _job(name, trace, caches, arch=ARCH, gpu_bytes=GPU_BYTES):
-    return {
-        "name": name,
-        "arch": arch,
-        "tp": TP,
-        "trace": trace,
-        "prefix_tokens": PREFIX,
-        "gpu_bytes": gpu_bytes,
-        "warmup_s": 0.0,
-        "records": True,
-        "caches": caches,
-    }
-
-
-JOBS = [
-    _job(
-        "repeat",
-        REPEAT,
-        [
-            {"host_bytes": UNBOUNDED, "policy": "lru"},
-            {"host_bytes": UNBOUNDED, "policy": "arc"},
-            {"chunks": 1, "policy": "lru"},
-        ],
-    ),
-    _job(
-        "fit",
-        FIT,
-        [
-            {"host_bytes": UNBOUNDED, "policy": "lru"},
-            {"host_bytes": FIT_HOST_BYTES, "policy": "lru"},
-        ],
-    ),
-    _job(
-        "mla",
-        FIT,
-        [{"host_bytes": 100 * MLA_CHUNK_BYTES + 4096, "policy": "lru"}],
-        arch=MLA_ARCH,
-        gpu_bytes=32 * MLA_CHUNK_BYTES,
-    ),
-]
-
-
-@pytest.fixture(scope="module")
-def replays() -> dict[str, dict[str, dict]]:
-    """{tree: {job name: job result}}: both trees at once, as `make bench`
-    runs them."""
-    results = bench.run_trees({bench.RELEASE: JOBS, bench.SERIES: JOBS})
-    return {
-        label: {job["name"]: job for job in data["jobs"]}
-        for label, data in results.items()
-    }
-
-
-def _by_request(result: dict) -> dict[tuple[int, int], tuple[int, int, int]]:
-    """(session, turn) -> (prompt, GPU hits, host hits)."""
-    return {(r[0], r[1]): (r[2], r[3], r[4]) for r in result["records"]}
-
-
-@pytest.mark.parametrize("tree", [bench.RELEASE, bench.SERIES])
-@pytest.mark.parametrize("policy", ["lru", "arc"])
-def test_unbounded_cache_hits_every_repeated_block(replays, tree, policy):
-    (result,) = [
-        r
-        for r in replays[tree]["repeat"]["results"]
-        if r.get("host_bytes") == UNBOUNDED and r["policy"] == policy
-    ]
-    got = _by_request(result)
-    expected = expected_hits(REPEAT)
-    assert set(got) == set(expected)
-    for key, hits in expected.items():
-        prompt, gpu, host = got[key]
-        assert prompt == {(i, k): n for i, k, n in _prompts(REPEAT)}[key]
-        assert gpu + host == hits, (key, got[key], hits)
-    # The GPU cache cannot hold a session's blocks from one turn to the
-    # next: the host serves them.
-    assert sum(h for _, _, h in got.values()) > sum(expected.values()) / 2
-
-
-@pytest.mark.parametrize("tree", [bench.RELEASE, bench.SERIES])
-def test_one_chunk_cache_serves_nothing_across_requests(replays, tree):
-    (one,) = [r for r in replays[tree]["repeat"]["results"] if r.get("chunks") == 1]
-    assert one["host_chunks"] >= 1
-    # A hit is a prefix of the prompt: the chunk left by the previous
-    # request (its last full block) is no request's first block.
-    assert one["host_hit_tokens"] == 0
-    (unbounded,) = [
-        r
-        for r in replays[tree]["repeat"]["results"]
-        if r.get("host_bytes") == UNBOUNDED and r["policy"] == "lru"
-    ]
-    # What the GPU serves is the GPU's alone: the same either way.
-    assert one["gpu_hit_tokens"] == unbounded["gpu_hit_tokens"]
-
-
-def test_series_holds_what_the_release_cannot(replays):
-    """At equal host memory (45 of the release's chunks), the series holds
-    twice the chunks: the trace's working set fits it, not the release."""
-    release, series = (
-        {r["host_bytes"]: r for r in replays[tree]["fit"]["results"]}
-        for tree in (bench.RELEASE, bench.SERIES)
+    (row,) = bench.measure(requests, sized)
+    job = sized[bench.RELEASE]["jobs"][0]
+    replay = trace_replay.replay(
+        requests, 12, bench._run_seconds(costs.DEEPSEEK_V3, job)
     )
-    release[45], series[45] = release[FIT_HOST_BYTES], series[FIT_HOST_BYTES]
-    release["unbounded"] = release[UNBOUNDED]
-    assert (release[45]["host_chunks"], series[45]["host_chunks"]) == (45, 90)
-    expected = sum(expected_hits(FIT).values())
-    assert (
-        release["unbounded"]["gpu_hit_tokens"] + release["unbounded"]["host_hit_tokens"]
-        == expected
-    )
-    # The series serves all a cache that never forgets serves; the release
-    # loses some, and never does better on any request.
-    assert series[45]["gpu_hit_tokens"] + series[45]["host_hit_tokens"] == expected
-    assert release[45]["gpu_hit_tokens"] + release[45]["host_hit_tokens"] < expected
-    rel, ser = _by_request(release[45]), _by_request(series[45])
-    for key in rel:
-        assert sum(ser[key][1:]) >= sum(rel[key][1:]), key
-    # Fewer computed tokens make the series' TTFT no worse anywhere.
-    assert series[45]["ttft_p90_s"] <= release[45]["ttft_p90_s"]
+    # The same host memory: the whole working set in the series' layout.
+    release_blocks, series_blocks = distinct // 4, distinct
+    assert replay.hit_rate(series_blocks) == replay.hit_rate(NEVER)
+    assert replay.hit_rate(release_blocks) < replay.hit_rate(series_blocks)
+    for s in replay.served:
+        assert s.host_hit_blocks(series_blocks) >= s.host_hit_blocks(release_blocks)
+    for point in [*row["sweep"], row["typical"]]:
+        assert point[bench.SERIES] >= point[bench.RELEASE]
+    need = row["host_bytes_for_target"]
+    assert need[bench.SERIES] * 4 == need[bench.RELEASE] > 0
+    hours = row["prefill_gpu_hours_per_hour"]
+    assert hours["no cache"] > hours[bench.RELEASE] >= hours[bench.SERIES]
 
 
-def test_each_tree_sizes_the_host_as_it_serves(replays):
-    """The replay's scheduler sizes the host as each tree's engine does: an
-    MLA model's latent once per chunk in the release too (its single-copy
-    layout, which it gates on the model config's use_mla)."""
-    for tree in (bench.RELEASE, bench.SERIES):
-        (result,) = replays[tree]["mla"]["results"]
-        assert result["host_chunks"] == 100, (tree, result["host_chunks"])
+def test_the_mooncake_trace_as_its_readme_states():
+    """The project's copy of the trace: its facts (bench/traces/README.md),
+    and its ceiling, computed here directly, is the replay's with a host
+    cache that never evicts (whatever the GPU cache)."""
+    requests = trace_replay.load(bench.TRACE)
+    assert len(requests) == 12_031
+    assert sum(r.input_length for r in requests) == 144_793_823
+    assert len({i for r in requests for i in r.hash_ids}) == 182_790
+    seen: set[int] = set()
+    hit_blocks = blocks = hit_tokens = 0
+    for r in requests:
+        k = 0
+        while k < len(r.hash_ids) and r.hash_ids[k] in seen:
+            k += 1
+        hit_blocks += k
+        blocks += len(r.hash_ids)
+        hit_tokens += min(k, r.full_blocks) * BLOCK_TOKENS
+        seen.update(r.hash_ids[: r.full_blocks])
+    assert f"{hit_blocks / blocks:.1%}" == "36.6%"
+    replay = trace_replay.replay(requests, 2000, lambda r, hits: 5.0)
+    assert replay.prompt_tokens == 144_793_823
+    assert replay.hit_rate(NEVER) == hit_tokens / replay.prompt_tokens
+    assert replay.hit_rate(0) < 0.1
 
 
-def test_workloads_are_deterministic_and_follow_their_sources():
-    chat = workloads.WORKLOADS["chat"]
-    a = workloads.generate(chat, 2.0, 3000.0, seed=1)
-    assert a == workloads.generate(chat, 2.0, 3000.0, seed=1)
-    assert a != workloads.generate(chat, 2.0, 3000.0, seed=2)
-    turns = [t for s in a for t in s.turns]
-    # LMSYS-Chat-1M's means: 2.0 turns, 69.5 prompt and 214.5 answer tokens.
-    assert len(turns) / len(a) == pytest.approx(2.0, rel=0.05)
-    assert sum(t.new_tokens for t in turns) / len(turns) == pytest.approx(69.5, rel=0.1)
-    assert sum(t.answer_tokens for t in turns) / len(turns) == pytest.approx(
-        214.5, rel=0.1
-    )
-    for shape in workloads.WORKLOADS.values():
-        for s in workloads.generate(shape, 1.0, 2000.0, seed=0):
-            assert (
-                shape.prefix_tokens + s.distinct_tokens - s.turns[-1].answer_tokens
-                <= shape.max_context
-            )
+def test_a_trace_not_in_the_format_is_named(tmp_path):
+    good = {"timestamp": 5, "input_length": 600, "output_length": 3, "hash_ids": [4, 9]}
+    plain = _write(tmp_path / "t.jsonl", [good, {**good, "timestamp": 1}])
+    gzipped = _write(tmp_path / "t.jsonl.gz", [good])
+    assert [r.arrival_s for r in trace_replay.load(plain)] == [0.001, 0.005]
+    assert trace_replay.load(gzipped)[0].hash_ids == (4, 9)
+    short = _write(tmp_path / "short.jsonl", [good, {**good, "hash_ids": [4]}])
+    with pytest.raises(trace_replay.TraceError, match=r"short.jsonl:2: input_length"):
+        trace_replay.load(short)
+    missing = _write(tmp_path / "missing.jsonl", [{"timestamp": 1}])
+    with pytest.raises(trace_replay.TraceError, match=r"missing.jsonl:1: .*hash_ids"):
+        trace_replay.load(missing)
 
 
 def test_costs():
-    assert costs.PCIE5_X16_BYTES_PER_S == pytest.approx(63.0e9, rel=0.001)
     c = costs.DEEPSEEK_V32
     # The windowed attention sum in closed form, against the sum itself.
     for cached, computed in ((0, 5000), (1000, 3000), (3000, 10), (2047, 2)):
@@ -265,56 +218,56 @@ def test_costs():
             brute / costs.H200_BF16_FLOP_PER_S + weights
         )
     v3 = costs.DEEPSEEK_V3
-    # Cached tokens make a prefill cheaper; loading them over PCIe is
-    # cheaper still than computing them.
+    # Cached tokens make a prefill cheaper: its FLOPs, and its time.
+    assert costs.prefill_flops(v3, 4000, 1000) < costs.prefill_flops(v3, 0, 5000)
     assert costs.prefill_seconds(v3, 8, 4000, 1000) < costs.prefill_seconds(
         v3, 8, 0, 5000
     )
-    per_token = 61 * 1152
-    assert costs.load_seconds(4000 * per_token) < costs.prefill_seconds(
-        v3, 8, 0, 5000
-    ) - costs.prefill_seconds(v3, 8, 4000, 1000)
+    assert costs.prefill_flops(v3, 0, 1) == 2 * v3.active_params
     assert costs.gpu_kv_bytes(v3, 8) == pytest.approx(141e9 * 0.9 - 671e9 / 8)
     for name in costs.COMPUTE:
         assert any(a.name == name for a in bench.architectures.ARCHITECTURES)
 
 
 def test_make_bench_as_a_user_runs_it(tmp_path):
-    """`make bench` for one deployment and workload, small: the JSON alone
-    on stdout, every size of both trees and the ceiling, and a plot that
-    shows those numbers."""
+    """`make bench` on a trace file of the same format (the Mooncake trace's
+    first 400 requests), for one deployment: the JSON alone on stdout, its
+    ceiling and GPU hits as a replay here gives them with the GPU cache the
+    trees size, the series at least the release at every host size, and a
+    plot that shows those numbers; a file not in the format is named."""
     from PIL import Image
     from test_demo import make
 
+    with gzip.open(bench.TRACE, "rt") as f:
+        lines = [json.loads(next(f)) for _ in range(400)]
+    small = _write(tmp_path / "small.jsonl", lines)
+    arch = "DeepSeek-V3 + EAGLE-3 draft (8 KV heads)"
     png = tmp_path / "bench.png"
-    rows = json.loads(
-        make(
-            "bench",
-            f"ARGS=--model '{ARCH}' --workload chat --tokens 300000 --json "
-            f"--plot {png}",
-        )
-    )["rows"]
-    assert [(r["arch"], r["tp"], r["workload"]) for r in rows] == [(ARCH, TP, "chat")]
-    (row,) = rows
-    # Its usual shape: hosts of 8 GPUs.
-    assert row["hosts"] == max(1, TP // 8)
-    ceiling = row["unbounded"]
-    for size in bench.HOST_SIZES:
-        release = row[bench.RELEASE][f"lru@{size}"]
-        series = row[bench.SERIES][f"lru@{size}"]
-        for r in (release, series):
-            assert r["requests"] > 100
-            assert r["prompt_tokens"] == ceiling["prompt_tokens"]
-            assert (
-                r["gpu_hit_tokens"] + r["host_hit_tokens"] + r["computed_tokens"]
-                == r["prompt_tokens"]
-            )
-        # Twice the chunks in the same memory.
-        assert series["host_chunks"] == pytest.approx(2 * release["host_chunks"], abs=2)
-        hits = [bench._hits(r) for r in (release, series, ceiling)]
-        assert hits[0] <= hits[1] <= hits[2]
+    out = json.loads(
+        make("bench", f"ARGS=--model '{arch}' --trace {small} --json --plot {png}")
+    )
+    (row,) = out["rows"]
+    assert (row["arch"], row["tp"], row["hosts"]) == (arch, 8, 1)
+    requests = trace_replay.load(small)
+    replay = trace_replay.replay(
+        requests,
+        row["gpu_tokens"] // BLOCK_TOKENS,
+        bench._run_seconds(costs.COMPUTE[arch], row),
+    )
+    assert row["requests"] == 400 and row["too_long"] == 0
+    assert row["prompt_tokens"] == replay.prompt_tokens
+    assert row["ceiling"] == replay.hit_rate(NEVER)
+    assert row["gpu_hit_rate"] == replay.hit_rate(0)
+    per_token = row["host_bytes_per_token"]
+    # The draft's 8 KV heads: one copy per rank in the release, shared by
+    # the series (the demo's figures, host bytes a token).
+    assert per_token[bench.RELEASE] > 4 * per_token[bench.SERIES]
+    assert len(row["sweep"]) == len(bench.SWEEP) >= 8
+    for point in row["sweep"]:
+        assert row["ceiling"] >= point[bench.SERIES] >= point[bench.RELEASE]
     drawn = json.loads(Image.open(png).info["Description"])
     for label in (bench.RELEASE, bench.SERIES):
-        assert drawn[f"{ARCH}|chat|{label}"] == [
-            bench._hits(row[label][f"lru@{size}"]) for size in bench.HOST_SIZES
-        ]
+        assert drawn[f"{arch}|{label}"] == [p[label] for p in row["sweep"]]
+    bad = _write(tmp_path / "bad.jsonl", [{"timestamp": 1}])
+    with pytest.raises(AssertionError, match=r"bad.jsonl:1: not a request"):
+        make("bench", f"ARGS=--trace {bad}")
