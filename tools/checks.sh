@@ -95,7 +95,7 @@ stage_e2e() {
 # Each stage runs under a wall-clock limit of its own, in seconds: about
 # twice what it takes on a fresh clone on a machine of this kind busy with
 # another 2-core job (there, 0.34.0's each-patch stage took 20 min and its
-# suites over 30, against 6 and 10 on a quiet one; README). What stops a
+# suites over 30, against 6 and 10 on a quiet one; docs/testing.md). What stops a
 # hang early is the idle limit below; the wall-clock limit is the backstop.
 # CHECKS_LIMIT=<seconds> sets every stage's limit.
 stage_limit() {  # function
