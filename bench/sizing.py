@@ -223,6 +223,107 @@ def size(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _worker_output(scheduler_output, world_size: int):
+    """What the workers would report for the step: every load and store the
+    step submits done (each worker's count), and the requests whose
+    asynchronous loads finished."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
+        OffloadingWorkerMetadata,
+    )
+    from vllm.v1.outputs import KVConnectorOutput
+
+    meta = scheduler_output.kv_connector_metadata
+    done: dict[int, int] = {}
+    received: set[str] = set()
+    if meta is not None:
+        for job_id in meta.store_jobs:
+            done[job_id] = world_size
+        for job_id, job in meta.load_jobs.items():
+            done[job_id] = world_size
+            if not job.sync:
+                received.add(job.req_id)
+    return KVConnectorOutput(
+        finished_recving=received,
+        kv_connector_worker_meta=OffloadingWorkerMetadata(completed_jobs=done),
+    )
+
+
+def serve(job: dict[str, Any]) -> dict[str, Any]:
+    """The job's `requests` (trace requests: input_length, hash_ids of
+    `block_tokens`-token blocks) through vLLM's own Scheduler and
+    OffloadingConnector, one after the other (each to its first token),
+    with `gpu_bytes` a rank and each of `host_bytes` of host memory: per
+    request, its GPU and host hit tokens, read off the scheduler's prefill
+    stats. A stand-in worker completes every load and store in the step
+    that submits it. Block id h holds tokens h * block_tokens + j."""
+    from vllm import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import hash_block_tokens, init_none_hash
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256)
+    arch = _arch(job["arch"])
+    block = job["block_tokens"]
+    results = []
+    for host_bytes in job["host_bytes"]:
+        scheduler, _, hash_block_size = build_scheduler(
+            arch, job["tp"], job["gpu_bytes"], host_bytes, "lru", MAX_MODEL_LEN
+        )
+        world_size = scheduler.vllm_config.parallel_config.world_size
+        hits = []
+        for n, r in enumerate(job["requests"]):
+            tokens = [
+                h * block + j
+                for k, h in enumerate(r["hash_ids"])
+                for j in range(min(block, r["input_length"] - k * block))
+            ]
+            hashes: list[Any] = []
+            for start in range(0, len(tokens) - hash_block_size + 1, hash_block_size):
+                parent = hashes[-1] if hashes else None
+                chunk = tokens[start : start + hash_block_size]
+                hashes.append(hash_block_tokens(sha256, parent, chunk))
+            request = Request(
+                str(n),
+                tokens,
+                SamplingParams(max_tokens=1),
+                None,
+                block_hashes=hashes,
+            )
+            scheduler.add_request(request)
+            stats = None
+            while scheduler.has_requests():
+                output = scheduler.schedule()
+                prefill = request.prefill_stats
+                if stats is None and prefill is not None and prefill.num_prompt_tokens:
+                    stats = (
+                        prefill.num_local_cached_tokens,
+                        prefill.num_external_cached_tokens,
+                    )
+                req_ids = list(output.num_scheduled_tokens)
+                sampled = []
+                for req_id in req_ids:
+                    q = scheduler.requests[req_id]
+                    done = q.num_computed_tokens >= q.num_prompt_tokens
+                    sampled.append([1] if done else [])
+                scheduler.update_from_output(
+                    output,
+                    ModelRunnerOutput(
+                        req_ids=req_ids,
+                        sampled_token_ids=sampled,
+                        kv_connector_output=_worker_output(output, world_size),
+                    ),
+                )
+            assert stats is not None, f"request {n} was never scheduled"
+            hits.append(stats)
+        results.append({"host_bytes": host_bytes, "hits": hits})
+    return {
+        "arch": job["arch"],
+        "gpu_tokens": gpu_tokens(arch, job["tp"], job["gpu_bytes"]),
+        "serve": results,
+    }
+
+
 def main() -> int:
     import argparse
 
@@ -237,7 +338,7 @@ def main() -> int:
     args = parser.parse_args()
     jobs = []
     for job in json.loads(args.jobs.read_text()):
-        jobs.append(size(job))
+        jobs.append(serve(job) if "requests" in job else size(job))
         if args.progress:
             with args.progress.open("a") as f:
                 f.write(f"{job['arch']}\n")

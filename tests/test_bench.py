@@ -168,6 +168,55 @@ def test_the_series_never_serves_less_than_the_release():
     assert hours["no cache"] > hours[bench.RELEASE] >= hours[bench.SERIES]
 
 
+def test_the_model_serves_as_vllms_scheduler_does(tmp_path):
+    """The trace's first 600 requests, one after the other, through each
+    tree's own Scheduler and OffloadingConnector (bench/sizing.py's serve)
+    with a GPU cache of about 140,000 tokens and 16, 64 and 256 GiB of host
+    memory, against the model with the sizes that tree gives: the same GPU
+    hits request by request, and the same host hits but for the full chunks
+    of a partial last block, which vLLM keeps and the model does not (at
+    most a block a request, a tenth of a point in all)."""
+    with gzip.open(bench.TRACE, "rt") as f:
+        lines = [json.loads(next(f)) for _ in range(600)]
+    requests = trace_replay.load(_write(tmp_path / "first.jsonl", lines))
+    arch = "DeepSeek-V3 + EAGLE-3 draft (8 KV heads)"
+    deployment = {"arch": arch, "tp": 8, "hosts": 1}
+    sized = bench.run_trees({bench.RELEASE: [deployment], bench.SERIES: [deployment]})
+    per_token = sized[bench.RELEASE]["jobs"][0]["rank_bytes_per_token"]
+    job = {
+        **deployment,
+        "gpu_bytes": int(140_000 * per_token),
+        "host_bytes": [16 << 30, 64 << 30, 256 << 30],
+        "block_tokens": BLOCK_TOKENS,
+        "requests": lines,
+    }
+    served = bench.run_trees({bench.RELEASE: [job], bench.SERIES: [job]})
+    host_hits = {}
+    for label in (bench.RELEASE, bench.SERIES):
+        size = sized[label]["jobs"][0]
+        block_bytes = (
+            size["host_bytes_per_chunk"] * BLOCK_TOKENS / size["tokens_per_chunk"]
+        )
+        (real,) = served[label]["jobs"]
+        replay = trace_replay.replay(
+            requests, real["gpu_tokens"] // BLOCK_TOKENS, lambda r, hits: 0.0
+        )
+        for result in real["serve"]:
+            host_blocks = int(result["host_bytes"] // block_bytes)
+            for (gpu, host), s in zip(result["hits"], replay.served, strict=True):
+                assert gpu == s.gpu_hit_blocks * BLOCK_TOKENS
+                model = s.host_hit_blocks(host_blocks) * BLOCK_TOKENS
+                assert model <= host < model + BLOCK_TOKENS
+            real_rate = sum(h for _, h in result["hits"]) / replay.prompt_tokens
+            model_rate = replay.host_hit_tokens(host_blocks) / replay.prompt_tokens
+            assert real_rate - model_rate < 0.001
+            host_hits[label, result["host_bytes"]] = real_rate
+    # vLLM's own scheduler: the series serves more from the same memory.
+    assert (
+        host_hits[bench.SERIES, 256 << 30] > 0.1 > host_hits[bench.RELEASE, 256 << 30]
+    )
+
+
 def test_the_mooncake_trace_as_its_readme_states():
     """The project's copy of the trace: its facts (bench/traces/README.md),
     and its ceiling, computed here directly, is the replay's with a host
