@@ -165,7 +165,9 @@ def main() -> int:
     workspace = ws.Workspace(ROOT, BASE)
     filters = [f"--model={m}" for m in args.model or []]
     release = run(workspace.base_tree(), filters)
-    series = run(args.tree or workspace.tree, [*filters, *(f"--check={r}" for r in rates)])
+    series = run(
+        args.tree or workspace.tree, [*filters, *(f"--check={r}" for r in rates)]
+    )
     if args.json:
         print(json.dumps({"0.34.0": release, "0.34.0+series": series}, indent=1))
     else:
