@@ -147,7 +147,12 @@ def print_tables(release: dict, series: dict, rates: list[float]) -> None:
             on, off = row[key]["manager"], row["plain"]["manager"]
             parts.append(
                 f"manager {on['request_us']:.0f} us "
-                f"({_ratio(on['request_us'], off['request_us']).strip()})"
+                f"({_ratio(on['request_us'], off['request_us']).strip()}, "
+                f"check_replicas {on['check_replicas']:.0f} us)"
+            )
+            parts.append(
+                f"check_replicas of a job of {on['job_keys']} chunks "
+                f"({on['job_sampled']} sampled) {on['job_check_us']:.0f} us"
             )
             print(f"  {row['arch'][:32]} TP {row['tp']}: " + "; ".join(parts))
 

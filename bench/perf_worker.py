@@ -161,6 +161,22 @@ def _keys(prefix: str, group_ids, chunks: int):
     ]
 
 
+def _agreeing_digests(check, keys) -> dict[int, tuple[int, ...]]:
+    """What every rank reports of a store job of ``keys`` whose ranks hold
+    what the plan says: one digest per sampled chunk and shared class of its
+    group on the rank's stage, all alike (the comparison's full work)."""
+    from vllm.v1.kv_offload.cpu.replica_check import sampled_positions
+
+    sampled = [keys[i] for i in sampled_positions(keys, check.rate)]
+    reports = {}
+    for stage, shared in enumerate(check.shared):
+        count = sum(len(shared[check._group(key)]) for key in sampled)
+        first = stage * check.regions * check.region_workers
+        for rank in range(first, first + check.regions * check.region_workers):
+            reports[rank] = (7,) * count
+    return reports
+
+
 def _manager_costs(spec, group_ids) -> dict[str, Any]:
     """The manager's work per request of REQUEST_CHUNKS chunks of every
     group, in steady state (the cache full, every store evicting): each step
@@ -170,17 +186,27 @@ def _manager_costs(spec, group_ids) -> dict[str, Any]:
     manager = spec.get_manager()
     ctx = ReqContext(req_id="perf")
     count = [0]
+    check = getattr(manager, "_check", None)
+    steps = ["lookup", "prepare_store", "complete_store"]
+    if check is not None:
+        steps.insert(2, "check_replicas")
 
     def request(timings: dict[str, list[float]] | None = None) -> None:
         count[0] += 1
         keys = _keys(f"r{count[0]}", group_ids, REQUEST_CHUNKS)
+        digests = {} if check is None else _agreeing_digests(check, keys)
         for name, step in (
             ("lookup", lambda: [manager.lookup(key, ctx) for key in keys]),
             ("prepare_store", lambda: manager.prepare_store(keys, ctx)),
+            # With the runtime check: the scheduler's comparison of every
+            # rank's digests when the store job completes (ranks agree).
+            ("check_replicas", lambda: manager.check_replicas(keys, digests)),
             ("complete_store", lambda: manager.complete_store(keys, ctx)),
             ("prepare_load", lambda: manager.prepare_load(keys, ctx)),
             ("complete_load", lambda: manager.complete_load(keys, ctx)),
         ):
+            if name not in steps:
+                continue
             start = time.perf_counter_ns()
             result = step()
             if timings is not None:
@@ -192,21 +218,24 @@ def _manager_costs(spec, group_ids) -> dict[str, Any]:
         request()
     for _ in range(4):
         request()
-    timings: dict[str, list[float]] = {
-        name: []
-        for name in (
-            "lookup",
-            "prepare_store",
-            "complete_store",
-            "prepare_load",
-            "complete_load",
-        )
-    }
+    steps += ["prepare_load", "complete_load"]
+    timings: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(_repeats()):
         request(timings)
     out: dict[str, Any] = {name: statistics.median(t) for name, t in timings.items()}
     out["request_us"] = sum(out.values())
     out["request_calls"] = _counted(request)
+    if check is not None:
+        # The comparison of a job of the largest size: work per sampled chunk.
+        from vllm.v1.kv_offload.cpu.replica_check import sampled_positions
+
+        keys = _keys("job", group_ids, max(JOB_CHUNKS))
+        assert manager.prepare_store(keys, ctx) is not None
+        digests = _agreeing_digests(check, keys)
+        out["job_check_us"] = _timed(lambda: manager.check_replicas(keys, digests))
+        out["job_keys"] = len(keys)
+        out["job_sampled"] = len(sampled_positions(keys, check.rate))
+        manager.complete_store(keys, ctx)
     return out
 
 
@@ -277,7 +306,9 @@ def _worker_costs(
     with (
         patch.object(gpu_worker, "current_platform", _PLATFORM),
         patch.object(torch, "Event", _Event),
-        patch.object(cpu_spec_module, "_all_workers_barrier", lambda: None),
+        # Each simulated rank maps a region of its own, alone: no barrier
+        # (nor, in the series, the start-up check of the region's members).
+        patch.object(cpu_spec_module, "_all_workers_barrier", None),
         patch.object(type(worker_spec), "_uses_shared_region", return_value=True),
     ):
         connector = OffloadingConnectorWorker(worker_spec, config, kv_cache_config)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pr
@@ -41,6 +42,30 @@ def test_each_description_is_the_patchs_own(name):
     )
     assert re.findall(r"^pytest -q (\S+)$", sections, re.M) == touched
     assert "Signed-off-by" not in sections
+
+
+def test_no_pr_removes_a_line_an_earlier_one_added():
+    """The stack reads in merge order: every line a PR adds under vllm/ is
+    there, credited to it by `git blame`, once every PR is merged."""
+    tree = ws.Workspace(ROOT, BASE).tree
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(tree), *args], capture_output=True, text=True, check=True
+        ).stdout
+
+    base = f"HEAD~{len(SERIES)}"
+    credited: Counter[str] = Counter()
+    changed = git("diff", "--name-only", "--diff-filter=AM", base, "--", "vllm")
+    for path in changed.split():
+        blame = git("blame", "-s", "--abbrev=40", f"{base}..HEAD", "--", path)
+        credited.update(line[:40] for line in blame.splitlines())
+    commits = git("rev-list", "--reverse", f"{base}..HEAD").split()
+    assert len(commits) == len(SERIES)
+    for name, commit in zip(SERIES, commits):
+        numstat = git("diff", "--numstat", f"{commit}~1", commit, "--", "vllm")
+        added = sum(int(line.split("\t")[0]) for line in numstat.splitlines())
+        assert credited[commit] == added, name
 
 
 def test_make_pr_writes_every_pr_in_the_release_form():
